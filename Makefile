@@ -1,0 +1,44 @@
+# Two commands do everything on a fresh machine (Python 3.11, Node 20, no AWS account):
+#   make synth   install everything, synthesize every stack of the default stage, run cdk-nag (in synth) and cfn-lint
+#   make test    install everything, run the test suite
+# STAGE=NAME selects config/NAME.toml:  make synth STAGE=llama8b-g6e
+
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAGE ?= default
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION = 20
+
+.PHONY: install synth synth-all test bench clean
+
+install: .install-stamp
+
+# Re-installs when a pinned file changes. The Lambda's dependencies are vendored for its asset.
+.install-stamp: requirements.txt requirements-dev.txt lambda/normalizer/requirements.txt package.json package-lock.json
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	rm -rf build/lambda-python
+	$(PY) -m pip install --quiet --target build/lambda-python -r lambda/normalizer/requirements.txt
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+synth: install
+	rm -rf cdk.out
+	npx cdk synth --quiet -c stage=$(STAGE)
+	$(VENV)/bin/cfn-lint cdk.out/*.template.json
+
+# Every stage under config/ plus the default, one after the other.
+synth-all: install
+	@for stage in default $$(ls config/*.toml | xargs -n1 basename | sed 's/\.toml$$//'); do \
+		echo "== $$stage"; $(MAKE) --no-print-directory synth STAGE=$$stage || exit 1; done
+
+test: install
+	$(PY) -m pytest
+
+bench: install
+	$(PY) bench/bench_normalize.py
+	$(PY) bench/bench_simulate.py
+
+clean:
+	rm -rf cdk.out build .install-stamp

@@ -1,0 +1,66 @@
+"""``python -m prefix_routing <command>``: one subcommand per capability, each in ``commands/``.
+
+A command module defines ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``.
+Modules are imported only when their command runs, so ``normalize`` stays fast and free of the
+lab's plotting dependencies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from prefix_routing.errors import UserError
+
+# command name -> module under prefix_routing.commands
+COMMANDS: dict[str, str] = {
+    "normalize": "normalize",
+    "analyze": "analyze",
+    "simulate": "simulate",
+    "tune": "tune",
+    "emulate": "emulate",
+    "loadtest": "loadtest",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse exits 2 on bad flags already; keep its message to one line."""
+
+    def error(self, message: str) -> None:  # noqa: D102 - argparse API
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _load(name: str):
+    return importlib.import_module(f"prefix_routing.commands.{COMMANDS[name]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _Parser(prog="python -m prefix_routing", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    # Only the chosen command's module is imported; the others get a placeholder for --help.
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name in COMMANDS:
+        if name == chosen:
+            module = _load(name)
+            command_parser = sub.add_parser(name, help=module.HELP, description=module.HELP)
+            module.add_arguments(command_parser)
+            command_parser.set_defaults(_run=module.run)
+        else:
+            sub.add_parser(name, help=f"see: python -m prefix_routing {name} --help")
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `... | head` is not an error
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""The contract between the normalizer Lambda, the stacks' alarms and dashboards, and the lab.
+
+Every metric name, dimension and log field that an alarm, a dashboard widget, a Logs Insights
+query, a Contributor Insights rule or the lab's log reader uses is defined here, once, so the four
+cannot drift apart. Standard library only: this module runs in the Lambda, in client applications
+and at synth time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+# CloudWatch namespace of the metrics the normalizer publishes with the Embedded Metric Format.
+NAMESPACE: Final = "PrefixRouting"
+
+# The one dimension of every normalizer metric. Its value is the inference component's name.
+# Tenants and prefix fingerprints are never dimensions (unbounded cardinality): they go to the log.
+DIMENSION_COMPONENT: Final = "InferenceComponent"
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    unit: str  # an EMF / CloudWatch unit name
+    description: str
+
+
+# Metrics the normalizer publishes once per request (high resolution, 1 s storage).
+TTFT = MetricSpec("TimeToFirstToken", "Milliseconds", "time from the call to the first PayloadPart")
+END_TO_END = MetricSpec("EndToEndLatency", "Milliseconds", "time from the call to the end of the stream")
+PROMPT_TOKENS = MetricSpec("PromptTokens", "Count", "usage.prompt_tokens reported by the model")
+CACHED_TOKENS = MetricSpec(
+    "CachedTokens", "Count", "usage.prompt_tokens_details.cached_tokens reported by the model"
+)
+NORMALIZATION_TIME = MetricSpec("NormalizationTime", "Milliseconds", "time spent normalizing the body")
+REQUESTS = MetricSpec("Requests", "Count", "requests the normalizer accepted and sent on")
+CLIENT_ERRORS = MetricSpec("ClientErrors", "Count", "requests rejected with a 4xx (bad body, too large)")
+UPSTREAM_ERRORS = MetricSpec(
+    "UpstreamErrors", "Count", "requests that failed at the endpoint (5xx, stream error, timeout, truncation)"
+)
+
+ALL_METRICS: Final = (
+    TTFT,
+    END_TO_END,
+    PROMPT_TOKENS,
+    CACHED_TOKENS,
+    NORMALIZATION_TIME,
+    REQUESTS,
+    CLIENT_ERRORS,
+    UPSTREAM_ERRORS,
+)
+
+
+class LogField:
+    """Fields of the normalizer's one structured log line per request (JSON).
+
+    No prompt text is ever logged: only lengths, hashes and timings.
+    """
+
+    MESSAGE: Final = "message"  # constant REQUEST_LOG_MESSAGE on request lines
+    TIMESTAMP_MS: Final = "request_ts_ms"  # epoch milliseconds at arrival
+    TENANT: Final = "tenant"  # the tenant id (not secret; the key that salts it is)
+    ROUTING_ID: Final = "prefix_aware_id"  # the PrefixAwareId sent to SageMaker
+    COMPONENT: Final = "inference_component"
+    PREFIX_FINGERPRINT: Final = "prefix_fingerprint"  # hash of the first PrefixLength bytes
+    PREFIX_LENGTH: Final = "prefix_length"  # bytes the fingerprint covers
+    BLOCK_HASHES: Final = "block_hashes"  # chained hashes of fixed-size blocks of the body
+    BLOCK_BYTES: Final = "block_bytes"  # size of those blocks
+    BODY_BYTES: Final = "body_bytes"  # normalized body length
+    PROMPT_TOKENS: Final = "prompt_tokens"
+    CACHED_TOKENS: Final = "cached_tokens"
+    OUTPUT_TOKENS: Final = "output_tokens"
+    TTFT_MS: Final = "ttft_ms"
+    TOTAL_MS: Final = "total_ms"
+    NORMALIZE_MS: Final = "normalize_ms"
+    STATUS: Final = "status"  # HTTP status given to the caller
+    ERROR_KIND: Final = "error_kind"  # e.g. invalid_json, throttled, model_error, truncated
+
+
+# The value of LogField.MESSAGE on the per-request line, so readers can pick those lines out.
+REQUEST_LOG_MESSAGE: Final = "prefix_routing.request"

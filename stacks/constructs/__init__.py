@@ -1,0 +1,1 @@
+"""Small constructs with keyword-only typed properties; the stacks compose them."""

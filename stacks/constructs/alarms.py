@@ -1,0 +1,138 @@
+"""Alarms on whether prefix routing pays (TTFT, hit rate) or hurts (hotspots), plus errors and
+capacity, all sending to one KMS-encrypted SNS topic. Thresholds come from the stage config."""
+
+from __future__ import annotations
+
+from aws_cdk import aws_cloudwatch as cloudwatch, aws_cloudwatch_actions as cw_actions, aws_iam as iam
+from aws_cdk import aws_kms as kms, aws_sns as sns, aws_sns_subscriptions as subscriptions
+from constructs import Construct
+
+from prefix_routing.config import AlarmSettings, RoutingSettings, ScalingSettings
+from stacks.metrics import NormalizerMetrics, SageMakerMetrics
+
+Op = cloudwatch.ComparisonOperator
+
+
+class AlertTopic(Construct):
+    """An SNS topic encrypted with its own key, TLS enforced, with optional e-mail subscriptions.
+
+    Attributes: ``topic``, ``key``.
+    """
+
+    def __init__(self, scope: Construct, construct_id: str, *, emails: tuple[str, ...]) -> None:
+        super().__init__(scope, construct_id)
+        self.key = kms.Key(self, "Key", enable_key_rotation=True, description="Encrypts the alarm topic")
+        # CloudWatch publishes alarm notifications to the topic, so it must use the key.
+        self.key.grant(iam.ServicePrincipal("cloudwatch.amazonaws.com"), "kms:Decrypt", "kms:GenerateDataKey*")
+        self.topic = sns.Topic(self, "Topic", master_key=self.key, enforce_ssl=True)
+        for email in emails:
+            self.topic.add_subscription(subscriptions.EmailSubscription(email))
+
+
+class RoutingAlarms(Construct):
+    """Attributes: ``ttft_p50``, ``hit_rate``, ``hotspot``, ``pinned_at_threshold``, ``error_rate``,
+    ``capacity_failures`` (each a ``cloudwatch.Alarm``) and ``all``."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        normalizer: NormalizerMetrics,
+        sagemaker: SageMakerMetrics,
+        settings: AlarmSettings,
+        routing: RoutingSettings,
+        scaling: ScalingSettings,
+        topic: sns.ITopic,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        periods = settings.evaluation_periods
+        missing_ok = cloudwatch.TreatMissingData.NOT_BREACHING
+
+        def alarm(construct_id: str, metric: cloudwatch.IMetric, *, threshold: float, operator: Op, description: str):
+            created = cloudwatch.Alarm(
+                self,
+                construct_id,
+                metric=metric,
+                threshold=threshold,
+                comparison_operator=operator,
+                evaluation_periods=periods,
+                datapoints_to_alarm=periods,
+                treat_missing_data=missing_ok,
+                alarm_description=description,
+            )
+            created.add_alarm_action(cw_actions.SnsAction(topic))
+            created.add_ok_action(cw_actions.SnsAction(topic))
+            return created
+
+        self.ttft_p50 = alarm(
+            "TtftP50",
+            normalizer.ttft("p50"),
+            threshold=settings.ttft_p50_ms,
+            operator=Op.GREATER_THAN_THRESHOLD,
+            description=f"P50 time to first token above {settings.ttft_p50_ms:g} ms, measured by the normalizer.",
+        )
+        self.hit_rate = alarm(
+            "HitRate",
+            normalizer.hit_rate(),
+            threshold=settings.minimum_hit_rate,
+            operator=Op.LESS_THAN_THRESHOLD,
+            description=(
+                f"KV-cache hit rate (cached / prompt tokens) below {settings.minimum_hit_rate:g}: prefix routing "
+                "is not finding warm caches (PrefixLength too short or too long, clients not normalized, spills)."
+            ),
+        )
+        # Fair share per instance is the scaling target: target tracking holds the mean there.
+        fair_share = scaling.target_concurrent_requests_per_copy
+        hotspot_threshold = fair_share * settings.hotspot_factor
+        if routing.concurrency_threshold is not None:
+            hotspot_threshold = min(hotspot_threshold, float(routing.concurrency_threshold))
+        self.hotspot = alarm(
+            "Hotspot",
+            sagemaker.concurrency_per_instance(),
+            threshold=hotspot_threshold,
+            operator=Op.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            description=(
+                f"An instance holds >= {hotspot_threshold:g} concurrent requests per copy ({settings.hotspot_factor:g}x "
+                f"its fair share of {fair_share:g}, or the concurrency threshold): one prefix group is hot. "
+                "Each instance is a contributor (per-instance enhanced metrics)."
+            ),
+        )
+        self.pinned_at_threshold = None
+        if routing.strategy == "PREFIX_AWARE" and routing.concurrency_threshold is not None:
+            self.pinned_at_threshold = alarm(
+                "PinnedAtThreshold",
+                sagemaker.concurrent_requests_per_copy("Maximum"),
+                threshold=routing.concurrency_threshold,
+                operator=Op.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                description=(
+                    f"A copy sits at the ConcurrencyThreshold ({routing.concurrency_threshold}): requests spill "
+                    "to colder copies and the hit rate falls."
+                ),
+            )
+        self.error_rate = alarm(
+            "ErrorRate",
+            sagemaker.error_rate_percent(),
+            threshold=settings.error_rate_percent,
+            operator=Op.GREATER_THAN_THRESHOLD,
+            description=f"5XX errors above {settings.error_rate_percent:g} % of invocations.",
+        )
+        self.capacity_failures = alarm(
+            "CapacityFailures",
+            sagemaker.no_capacity_failures(),
+            threshold=1,
+            operator=Op.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            description="Requests found no copy to serve them (scaled to zero or at max capacity).",
+        )
+        self.all = [
+            a
+            for a in (
+                self.ttft_p50,
+                self.hit_rate,
+                self.hotspot,
+                self.pinned_at_threshold,
+                self.error_rate,
+                self.capacity_failures,
+            )
+            if a is not None
+        ]

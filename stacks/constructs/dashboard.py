@@ -1,0 +1,80 @@
+"""One dashboard that answers: does prefix routing pay (TTFT, hit rate) or hurt (imbalance)?"""
+
+from __future__ import annotations
+
+from aws_cdk import aws_cloudwatch as cloudwatch
+from constructs import Construct
+
+from stacks.metrics import NormalizerMetrics, SageMakerMetrics
+
+WIDTH = 24  # the dashboard grid is 24 columns wide
+
+
+class RoutingDashboard(Construct):
+    """Attributes: ``dashboard``."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        dashboard_name: str,
+        normalizer: NormalizerMetrics,
+        sagemaker: SageMakerMetrics,
+        alarms: list[cloudwatch.Alarm],
+    ) -> None:
+        super().__init__(scope, construct_id)
+        third = WIDTH // 3
+        self.dashboard = cloudwatch.Dashboard(self, "Dashboard", dashboard_name=dashboard_name)
+        self.dashboard.add_widgets(
+            cloudwatch.AlarmStatusWidget(title="Alarms", alarms=alarms, width=WIDTH, height=3),
+        )
+        self.dashboard.add_widgets(
+            cloudwatch.GraphWidget(
+                title="Time to first token (normalizer, ms)",
+                left=[normalizer.ttft("p50"), normalizer.ttft("p90")],
+                width=third,
+            ),
+            cloudwatch.GraphWidget(
+                title="KV-cache hit rate (cached / prompt tokens)",
+                left=[normalizer.hit_rate()],
+                left_y_axis=cloudwatch.YAxisProps(min=0, max=1),
+                width=third,
+            ),
+            cloudwatch.GraphWidget(
+                title="Requests per instance (one line each: spread = imbalance)",
+                left=[sagemaker.requests_per_instance()],
+                width=third,
+            ),
+        )
+        self.dashboard.add_widgets(
+            cloudwatch.GraphWidget(
+                title="Concurrent requests per copy, per instance",
+                left=[sagemaker.concurrency_per_instance()],
+                width=third,
+            ),
+            cloudwatch.GraphWidget(title="Copies: desired vs current", left=sagemaker.copy_counts(), width=third),
+            cloudwatch.GraphWidget(
+                title="GPU utilization and memory (%)",
+                left=[sagemaker.gpu_utilization(), sagemaker.gpu_memory_utilization()],
+                width=third,
+            ),
+        )
+        self.dashboard.add_widgets(
+            cloudwatch.GraphWidget(
+                title="Model latency (µs)", left=[sagemaker.model_latency("p50"), sagemaker.model_latency("p90")],
+                width=third,
+            ),
+            cloudwatch.GraphWidget(
+                title="Errors",
+                left=[sagemaker.errors_5xx(), sagemaker.errors_4xx(), normalizer.upstream_errors(), normalizer.client_errors()],
+                right=[sagemaker.error_rate_percent()],
+                width=third,
+            ),
+            cloudwatch.GraphWidget(
+                title="Traffic and capacity",
+                left=[sagemaker.invocations(), normalizer.requests()],
+                right=[sagemaker.no_capacity_failures()],
+                width=third,
+            ),
+        )

@@ -1,0 +1,93 @@
+"""Saved Logs Insights queries and Contributor Insights rules over the normalizer's request log.
+
+Field names come from ``prefix_routing.telemetry.LogField``: the Lambda writes exactly these.
+Prefix fingerprints and tenants are unbounded, so they are ranked here, never used as metric
+dimensions.
+"""
+
+from __future__ import annotations
+
+import json
+
+from aws_cdk import aws_cloudwatch as cloudwatch, aws_logs as logs
+from constructs import Construct
+
+from prefix_routing.telemetry import REQUEST_LOG_MESSAGE, LogField as F
+
+ONLY_REQUEST_LINES = f"{F.MESSAGE} = '{REQUEST_LOG_MESSAGE}'"
+
+
+def prefix_reuse_query() -> logs.QueryString:
+    """Share of requests whose prefix fingerprint another request also had (the brief wants > 50 %)."""
+    return logs.QueryString(
+        filter_statements=[ONLY_REQUEST_LINES, f"ispresent({F.PREFIX_FINGERPRINT})"],
+        stats_statements=[
+            f"count(*) as requests by {F.PREFIX_FINGERPRINT}",
+            "sum(requests) as total, sum(requests - 1) as reusing, count(*) as prefixes",
+        ],
+        display="total, reusing, prefixes, reusing / total * 100 as reuse_percent",
+    )
+
+
+def top_prefixes_query(limit: int = 20) -> logs.QueryString:
+    return logs.QueryString(
+        filter_statements=[ONLY_REQUEST_LINES],
+        stats_statements=[
+            f"count(*) as requests, avg({F.TTFT_MS}) as ttft_ms, sum({F.CACHED_TOKENS}) / sum({F.PROMPT_TOKENS}) "
+            f"as hit_rate by {F.PREFIX_FINGERPRINT}"
+        ],
+        sort="requests desc",
+        limit=limit,
+    )
+
+
+def contributor_rule_body(log_group_name: str, key_field: str) -> str:
+    return json.dumps(
+        {
+            "Schema": {"Name": "CloudWatchLogRule", "Version": 1},
+            "LogGroupNames": [log_group_name],
+            "LogFormat": "JSON",
+            "Contribution": {
+                "Keys": [f"$.{key_field}"],
+                "Filters": [{"Match": f"$.{F.MESSAGE}", "In": [REQUEST_LOG_MESSAGE]}],
+            },
+            "AggregateOn": "Count",
+        },
+        separators=(",", ":"),
+    )
+
+
+class RequestLogInsights(Construct):
+    """Attributes: ``reuse_query``, ``top_prefixes_query`` (``logs.QueryDefinition``),
+    ``cfn_top_prefixes_rule``, ``cfn_top_tenants_rule`` (``CfnInsightRule``)."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, log_group: logs.ILogGroup, name_prefix: str) -> None:
+        super().__init__(scope, construct_id)
+        self.reuse_query = logs.QueryDefinition(
+            self,
+            "PrefixReuse",
+            query_definition_name=f"{name_prefix}/prefix-reuse-share",
+            query_string=prefix_reuse_query(),
+            log_groups=[log_group],
+        )
+        self.top_prefixes_query = logs.QueryDefinition(
+            self,
+            "TopPrefixes",
+            query_definition_name=f"{name_prefix}/top-prefixes",
+            query_string=top_prefixes_query(),
+            log_groups=[log_group],
+        )
+        self.cfn_top_prefixes_rule = cloudwatch.CfnInsightRule(
+            self,
+            "TopPrefixesRule",
+            rule_name=f"{name_prefix}-top-prefixes",
+            rule_state="ENABLED",
+            rule_body=contributor_rule_body(log_group.log_group_name, F.PREFIX_FINGERPRINT),
+        )
+        self.cfn_top_tenants_rule = cloudwatch.CfnInsightRule(
+            self,
+            "TopTenantsRule",
+            rule_name=f"{name_prefix}-top-tenants",
+            rule_state="ENABLED",
+            rule_body=contributor_rule_body(log_group.log_group_name, F.TENANT),
+        )

@@ -1,0 +1,36 @@
+"""The normalizer front door: Lambda + Function URL, allowed to invoke only this endpoint."""
+
+from __future__ import annotations
+
+from aws_cdk import Acknowledgment, CfnOutput, Stack, Validations
+from constructs import Construct
+
+from prefix_routing.config import StageConfig
+from stacks.constructs.normalizer_function import NormalizerFunction, normalizer_code
+
+
+class NormalizerStack(Stack):
+    def __init__(self, scope: Construct, construct_id: str, *, config: StageConfig, **kwargs) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        # Names, not references: the endpoint's names are fixed by the stage, so the two stacks
+        # deploy independently.
+        self.normalizer = NormalizerFunction(
+            self,
+            "Normalizer",
+            endpoint_name=config.endpoint_name,
+            component_name=config.component_name,
+            endpoint_arn=self.format_arn(service="sagemaker", resource="endpoint", resource_name=config.endpoint_name),
+            component_arn=self.format_arn(
+                service="sagemaker", resource="inference-component", resource_name=config.component_name
+            ),
+            routing=config.routing,
+            settings=config.normalizer,
+            code=normalizer_code(),
+        )
+        Validations.of(self.normalizer.role).acknowledge(
+            Acknowledgment(
+                id="AwsSolutions-IAM5",
+            reason="Log streams are created at run time inside this function's own log group: `<group arn>:*`.",
+        ))
+        CfnOutput(self, "FunctionUrl", value=self.normalizer.function_url.url)
+        CfnOutput(self, "FunctionName", value=self.normalizer.function.function_name)

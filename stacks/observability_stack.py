@@ -1,0 +1,45 @@
+"""Alarms, dashboard, saved queries and contributor insights for one stage."""
+
+from __future__ import annotations
+
+from aws_cdk import CfnOutput, Stack, aws_logs as logs
+from constructs import Construct
+
+from prefix_routing.config import StageConfig
+from stacks.constructs.alarms import AlertTopic, RoutingAlarms
+from stacks.constructs.dashboard import RoutingDashboard
+from stacks.constructs.log_insights import RequestLogInsights
+from stacks.metrics import NormalizerMetrics, SageMakerMetrics
+
+
+class ObservabilityStack(Stack):
+    def __init__(
+        self, scope: Construct, construct_id: str, *, config: StageConfig, request_log: logs.ILogGroup, **kwargs
+    ) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        normalizer = NormalizerMetrics(component_name=config.component_name)
+        sagemaker = SageMakerMetrics(endpoint_name=config.endpoint_name, component_name=config.component_name)
+        self.alert_topic = AlertTopic(self, "Alerts", emails=config.alarms.emails)
+        self.alarms = RoutingAlarms(
+            self,
+            "Alarms",
+            normalizer=normalizer,
+            sagemaker=sagemaker,
+            settings=config.alarms,
+            routing=config.routing,
+            scaling=config.scaling,
+            topic=self.alert_topic.topic,
+        )
+        self.dashboard = RoutingDashboard(
+            self,
+            "Dashboard",
+            dashboard_name=f"{config.endpoint_name}-routing",
+            normalizer=normalizer,
+            sagemaker=sagemaker,
+            alarms=self.alarms.all,
+        )
+        self.log_insights = RequestLogInsights(
+            self, "RequestLog", log_group=request_log, name_prefix=config.endpoint_name
+        )
+        CfnOutput(self, "AlarmTopicArn", value=self.alert_topic.topic.topic_arn)
+        CfnOutput(self, "DashboardName", value=f"{config.endpoint_name}-routing")
