@@ -10,6 +10,7 @@ Every error names the file, the field path, the value and what is allowed; ``loa
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -17,7 +18,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "config"
+# PREFIX_ROUTING_CONFIG_DIR points synth at another folder of stage files (tests use it).
+CONFIG_DIR = Path(os.environ.get("PREFIX_ROUTING_CONFIG_DIR") or Path(__file__).resolve().parent.parent / "config")
 DEFAULT_STAGE = "default"
 
 ROUTING_STRATEGIES = ("RANDOM", "LEAST_OUTSTANDING_REQUESTS", "PREFIX_AWARE")
@@ -168,7 +170,7 @@ class AlarmSettings(_Section):
     minimum_hit_rate: float = Field(0.3, ge=0, le=1, description="cached / prompt tokens below this")
     error_rate_percent: float = Field(1.0, gt=0, le=100, description="5XX errors as % of invocations")
     evaluation_periods: int = Field(5, ge=1, le=60, description="minutes a condition must hold")
-    emails: tuple[Annotated[str, Field(pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")], ...] = ()
+    emails: list[Annotated[str, Field(pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")]] = Field(default_factory=list)
 
 
 class NormalizerSettings(_Section):

@@ -52,7 +52,7 @@ import struct
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 __all__ = [
     "CONTENT_TYPE",
@@ -85,13 +85,13 @@ _MIN_MESSAGE_LENGTH = _PRELUDE_LENGTH + 4  # + message CRC
 # Header value types.
 _TRUE, _FALSE, _BYTE, _SHORT, _INTEGER, _LONG, _BYTES, _STRING, _TIMESTAMP, _UUID = range(10)
 
-_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
 
 #: What a header value may be when encoding: ``str`` (type 7), ``bytes`` (6), ``bool`` (0/1),
 #: ``int`` (4 when it fits in int32, else 5), ``datetime`` (8, milliseconds since the epoch; naive
 #: means UTC) and ``uuid.UUID`` (9). Decoding gives the same Python types back (timestamps as
 #: aware UTC ``datetime``; byte and short headers as ``int``).
-HeaderValue = Union[str, bytes, bool, int, _dt.datetime, uuid.UUID]
+HeaderValue = str | bytes | bool | int | _dt.datetime | uuid.UUID
 
 
 class EventStreamDecodeError(ValueError):
@@ -161,7 +161,7 @@ def _encode_header(name: str, value: HeaderValue) -> bytes:
         return head + struct.pack("!BH", _BYTES, len(raw)) + raw
     if isinstance(value, _dt.datetime):
         if value.tzinfo is None:
-            value = value.replace(tzinfo=_dt.timezone.utc)
+            value = value.replace(tzinfo=_dt.UTC)
         millis = (value - _EPOCH) // _dt.timedelta(milliseconds=1)
         return head + struct.pack("!Bq", _TIMESTAMP, millis)
     if isinstance(value, uuid.UUID):
@@ -338,9 +338,7 @@ class EventStreamDecoder:
     def close(self) -> None:
         """Declare the end of the stream; raises if a partial message is left over."""
         if self._buffer:
-            raise EventStreamDecodeError(
-                f"event stream ended inside a message ({len(self._buffer)} bytes left over)"
-            )
+            raise EventStreamDecodeError(f"event stream ended inside a message ({len(self._buffer)} bytes left over)")
 
     def _next(self) -> Message | None:
         buf = self._buffer

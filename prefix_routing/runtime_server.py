@@ -50,6 +50,13 @@ What it implements (paths and headers from botocore's service model ``runtime.sa
 - A thread-safe record of every request (:class:`RecordedRequest`): operation, endpoint, every header
   as a named field, body, outcome, injected fault, chunks sent, server-side timings (TTFT).
 
+What a boto3 caller sees for each fault (checked by the tests): throttling → ``ClientError`` code
+``ThrottlingException``; an error kind → ``client.exceptions.<Kind>`` (or a plain ``ClientError`` on
+the streaming call for kinds not modelled there); a mid-stream error → ``EventStreamError`` with
+``Code`` ``ModelStreamError``/``InternalStreamFailure`` while iterating ``response["Body"]``; a
+truncated stream → the iteration just ends (no usage chunk, no ``[DONE]``); a dropped connection →
+``urllib3.exceptions.ProtocolError`` while iterating (botocore does not wrap it).
+
 What it does not implement: SigV4 verification (the ``Authorization`` header is recorded, never
 checked), routing, KV caches, queues or any latency model (that is the backend's job: see
 ``prefix_routing.emulator``), ``InvokeEndpointAsync``, TLS, and anything but 127.0.0.1/loopback.
@@ -73,14 +80,15 @@ import json
 import random
 import re
 import socket
+import socketserver
 import threading
 import time
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Protocol, Union, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 from urllib.parse import unquote, urlsplit
 
 from prefix_routing import eventstream
@@ -143,6 +151,14 @@ _PATHS = (
     (re.compile(r"^/endpoints/([^/]+)/invocations-response-stream$"), OP_INVOKE_STREAM),
     (re.compile(r"^/endpoints/([^/]+)/openai/v1/chat/completions$"), OP_CHAT_COMPLETIONS),
 )
+
+
+def _route(path: str) -> tuple[re.Match[str], str] | None:
+    for pattern, operation in _PATHS:
+        match = pattern.match(path)
+        if match:
+            return match, operation
+    return None
 
 
 # --------------------------------------------------------------------------- the request
@@ -527,9 +543,15 @@ class RuntimeServer(ThreadingHTTPServer):
         self._counter = itertools.count()
         self._rng = random.Random(self.faults.seed)
         self._thread: threading.Thread | None = None
+        self._connections: set[socket.socket] = set()
         if ":" in host:
             self.address_family = socket.AF_INET6
         super().__init__((host, port), _Handler)
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind would look the host up with socket.getfqdn (DNS); not needed here.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[0], self.server_address[1]
 
     # -- addresses
     @property
@@ -550,7 +572,10 @@ class RuntimeServer(ThreadingHTTPServer):
         """Serve on a daemon thread; returns self."""
         if self._thread is None:
             self._thread = threading.Thread(
-                target=self.serve_forever, kwargs={"poll_interval": 0.05}, name=f"runtime-server-{self.port}", daemon=True
+                target=self.serve_forever,
+                kwargs={"poll_interval": 0.05},
+                name=f"runtime-server-{self.port}",
+                daemon=True,
             )
             self._thread.start()
         return self
@@ -562,6 +587,11 @@ class RuntimeServer(ThreadingHTTPServer):
             self._thread.join(timeout=5)
             self._thread = None
         self.server_close()
+        with self._lock:
+            connections = list(self._connections)
+        for connection in connections:  # idle keep-alive connections and streams in flight
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
 
     def __enter__(self) -> RuntimeServer:
         return self.start()
@@ -628,6 +658,14 @@ class _Handler(BaseHTTPRequestHandler):
         super().setup()
         with contextlib.suppress(OSError):
             self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with self.server._lock:
+            self.server._connections.add(self.connection)
+
+    def finish(self) -> None:
+        with self.server._lock:
+            self.server._connections.discard(self.connection)
+        with contextlib.suppress(OSError):
+            super().finish()
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet by default
         pass
@@ -699,16 +737,15 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/status":
             self._simple(200, json.dumps(self.server.status()).encode(), "application/json")
         else:
-            self._simple(404, b'{"message":"not found"}', "application/json", {"X-Amzn-ErrorType": "UnknownOperationException"})
+            self._simple(
+                404, b'{"message":"not found"}', "application/json", {"X-Amzn-ErrorType": "UnknownOperationException"}
+            )
 
     # -- POST
     def do_POST(self) -> None:
         path = urlsplit(self.path).path
-        for pattern, operation in _PATHS:
-            match = pattern.match(path)
-            if match:
-                break
-        else:
+        routed = _route(path)
+        if routed is None:
             self._read_body()
             self._simple(
                 404,
@@ -717,6 +754,7 @@ class _Handler(BaseHTTPRequestHandler):
                 {"X-Amzn-ErrorType": "UnknownOperationException"},
             )
             return
+        match, operation = routed
         body = self._read_body()
         if body is None:
             self.close_connection = True
@@ -767,13 +805,17 @@ class _Handler(BaseHTTPRequestHandler):
             return f"1 validation error detected: Value '{name}' at 'endpointName' failed to satisfy constraint"
         if len(request.body) > MAX_BODY_BYTES:
             return f"Request body of {len(request.body)} bytes exceeds the maximum of {MAX_BODY_BYTES} bytes"
-        if h.prefix_aware_id is not None and not (1 <= len(h.prefix_aware_id) <= 64 and _PRINTABLE_ID_RE.match(h.prefix_aware_id)):
+        if h.prefix_aware_id is not None and not (
+            1 <= len(h.prefix_aware_id) <= 64 and _PRINTABLE_ID_RE.match(h.prefix_aware_id)
+        ):
             return "Value at 'prefixAwareId' failed to satisfy constraint: 1-64 printable ASCII characters"
         if h.inference_component is not None and not (
             len(h.inference_component) <= 63 and _COMPONENT_RE.match(h.inference_component)
         ):
             return "Value at 'inferenceComponentName' failed to satisfy constraint"
-        if h.inference_id is not None and not (1 <= len(h.inference_id) <= 64 and _PRINTABLE_ID_RE.match(h.inference_id)):
+        if h.inference_id is not None and not (
+            1 <= len(h.inference_id) <= 64 and _PRINTABLE_ID_RE.match(h.inference_id)
+        ):
             return "Value at 'inferenceId' failed to satisfy constraint"
         if h.session_id is not None and not (
             len(h.session_id) <= 256
@@ -795,10 +837,10 @@ class _Handler(BaseHTTPRequestHandler):
             if kind == "ModelError":
                 return ErrorReply(
                     kind,
-                    "Received server error (500) from primary with message \"injected fault\".",
+                    'Received server error (500) from primary with message "injected fault".',
                     original_status_code=500,
                     original_message='{"object":"error","message":"injected fault","code":500}',
-                    log_stream_arn=f"arn:aws:logs:us-east-1:000000000000:log-group:/aws/sagemaker/Endpoints/{request.endpoint_name}",
+                    log_stream_arn=_log_stream_arn(request.endpoint_name),
                 )
             return ErrorReply(kind, f"Injected {kind}.")
         return None
@@ -843,7 +885,7 @@ class _Handler(BaseHTTPRequestHandler):
         except StreamFailure as failure:
             error = ErrorReply(
                 "ModelError",
-                f"Received server error (500) from primary with message \"{failure.message}\".",
+                f'Received server error (500) from primary with message "{failure.message}".',
                 original_status_code=500,
                 original_message=failure.message,
             )
@@ -857,7 +899,7 @@ class _Handler(BaseHTTPRequestHandler):
         session = request.headers.session_id
         new_session = response.new_session_id
         if new_session is None and session == "NEW_SESSION":
-            expires = (_dt.datetime.now(_dt.timezone.utc) + _dt.timedelta(minutes=20)).strftime("%Y-%m-%dT%H:%M:%SZ")
+            expires = (_dt.datetime.now(_dt.UTC) + _dt.timedelta(minutes=20)).strftime("%Y-%m-%dT%H:%M:%SZ")
             new_session = f"{uuid.uuid4().hex}; Expires={expires}"
         if new_session:
             headers["X-Amzn-SageMaker-New-Session-Id"] = new_session
@@ -953,16 +995,30 @@ class _Handler(BaseHTTPRequestHandler):
         token = request.headers.bearer_token
         expected = self.server.bearer_token
         if token is None or (expected is not None and token != expected):
-            return "error", self._openai_error(rid, 401, "Missing or invalid bearer token.", "invalid_api_key"), "Unauthorized"
+            return (
+                "error",
+                self._openai_error(rid, 401, "Missing or invalid bearer token.", "invalid_api_key"),
+                "Unauthorized",
+            )
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-            return "error", self._openai_error(rid, 400, "Body must be a JSON object with a 'messages' list.", "invalid_request"), "ValidationError"
+            return (
+                "error",
+                self._openai_error(rid, 400, "Body must be a JSON object with a 'messages' list.", "invalid_request"),
+                "ValidationError",
+            )
         error = self._before_backend(request, record, plan) or None
         if error is None and self.server.endpoints is not None and request.endpoint_name not in self.server.endpoints:
             error = ErrorReply("ValidationError", f"Endpoint {request.endpoint_name} not found.")
         result = error or self._call_backend(request)
         if isinstance(result, ErrorReply):
-            status = 429 if result.code == "ThrottlingException" else (
-                result.original_status_code if result.code == "ModelError" and result.original_status_code else result.http_status
+            status = (
+                429
+                if result.code == "ThrottlingException"
+                else (
+                    result.original_status_code
+                    if result.code == "ModelError" and result.original_status_code
+                    else result.http_status
+                )
             )
             return "error", self._openai_error(rid, status, result.message, result.code), result.code
         response = result
@@ -990,7 +1046,13 @@ class _Handler(BaseHTTPRequestHandler):
         if ended == "stream_error":
             failure = StreamFailure(faults.stream_error_kind, "Injected mid-stream failure.", faults.stream_error_code)
         if failure is not None:
-            error_body = {"error": {"message": failure.message, "type": "server_error", "code": failure.error_code or failure.kind}}
+            error_body = {
+                "error": {
+                    "message": failure.message,
+                    "type": "server_error",
+                    "code": failure.error_code or failure.kind,
+                }
+            }
             self._send_chunk(sse_event(error_body))
         self._end_stream(ended)
         return _stream_outcome(ended, failure)
@@ -1004,6 +1066,10 @@ def _stream_outcome(ended: str, failure: StreamFailure | None) -> tuple[str, int
     if ended == "drop":
         return "dropped", 200, None
     return "ok", 200, None
+
+
+def _log_stream_arn(endpoint_name: str) -> str:
+    return f"arn:aws:logs:us-east-1:000000000000:log-group:/aws/sagemaker/Endpoints/{endpoint_name}"
 
 
 def _close(iterator: Any) -> None:
@@ -1162,10 +1228,10 @@ class EchoBackend:
             message = json.dumps({"object": "error", "message": str(exc), "type": "BadRequestError", "code": 400})
             return ErrorReply(
                 "ModelError",
-                f"Received client error (400) from primary with message \"{message}\".",
+                f'Received client error (400) from primary with message "{message}".',
                 original_status_code=400,
                 original_message=message,
-                log_stream_arn=f"arn:aws:logs:us-east-1:000000000000:log-group:/aws/sagemaker/Endpoints/{request.endpoint_name}",
+                log_stream_arn=_log_stream_arn(request.endpoint_name),
             )
         limit = body.get("max_tokens") or body.get("max_completion_tokens")
         if limit is None and isinstance(body.get("parameters"), dict):
@@ -1183,7 +1249,9 @@ class EchoBackend:
             "prompt_tokens_details": {"cached_tokens": cached},
         }
         with self._lock:
-            self._totals.update(requests=1, prompt_tokens=len(prompt_words), cached_tokens=cached, completion_tokens=n_out)
+            self._totals.update(
+                requests=1, prompt_tokens=len(prompt_words), cached_tokens=cached, completion_tokens=n_out
+            )
         completion_id = f"chatcmpl-{request.request_id}"
         created = int(request.arrival_wall)
         model = body.get("model") if isinstance(body.get("model"), str) else self.model
@@ -1215,7 +1283,9 @@ class EchoBackend:
             if i == 0:
                 delta = {"role": "assistant", **delta}
             last = i == len(out_words) - 1
-            yield self._frame({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish if last else None}]})
+            yield self._frame(
+                {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish if last else None}]}
+            )
         yield self._frame({**head, "choices": [], "usage": usage})
         if self.stream_format == "sse":
             yield SSE_DONE

@@ -19,7 +19,7 @@ class AlertTopic(Construct):
     Attributes: ``topic``, ``key``.
     """
 
-    def __init__(self, scope: Construct, construct_id: str, *, emails: tuple[str, ...]) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, emails: list[str]) -> None:
         super().__init__(scope, construct_id)
         self.key = kms.Key(self, "Key", enable_key_rotation=True, description="Encrypts the alarm topic")
         # CloudWatch publishes alarm notifications to the topic, so it must use the key.

@@ -48,7 +48,7 @@ def test_payload_part_round_trips_through_botocore():
         (2**31 - 1, 2**31 - 1),
         (2**40, 2**40),
         (-(2**63), -(2**63)),
-        (dt.datetime(2026, 11, 30, 12, 0, 1, 500000, tzinfo=dt.timezone.utc), 1796040001500),
+        (dt.datetime(2026, 11, 30, 12, 0, 1, 500000, tzinfo=dt.UTC), 1796040001500),
         (uuid.UUID("12345678-1234-5678-1234-567812345678"), uuid.UUID("12345678-1234-5678-1234-567812345678").bytes),
     ],
 )
@@ -128,7 +128,11 @@ def _botocore_stream(wire: bytes):
 @pytest.mark.parametrize(
     "event, code, message",
     [
-        (es.model_stream_error("Model timed out", "ModelInvocationTimeExceeded"), "ModelStreamError", "Model timed out"),
+        (
+            es.model_stream_error("Model timed out", "ModelInvocationTimeExceeded"),
+            "ModelStreamError",
+            "Model timed out",
+        ),
         (es.internal_stream_failure("unknown failure"), "InternalStreamFailure", "unknown failure"),
     ],
 )

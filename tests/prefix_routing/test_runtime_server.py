@@ -34,8 +34,18 @@ CHAT = {"messages": [{"role": "system", "content": "You are terse."}, {"role": "
 BODY = json.dumps(CHAT).encode()
 
 
+_CLIENTS: list = []
+
+
+@pytest.fixture(autouse=True)
+def _close_clients():
+    yield
+    while _CLIENTS:
+        _CLIENTS.pop().close()
+
+
 def client_for(server, attempts=1, mode="standard"):
-    return boto3.client(
+    client = boto3.client(
         "sagemaker-runtime",
         endpoint_url=server.url,
         region_name="us-east-1",
@@ -43,6 +53,8 @@ def client_for(server, attempts=1, mode="standard"):
         aws_secret_access_key="test",
         config=Config(retries={"total_max_attempts": attempts, "mode": mode}, read_timeout=10, connect_timeout=2),
     )
+    _CLIENTS.append(client)
+    return client
 
 
 def sse_objects(text: str) -> list:
@@ -116,6 +128,7 @@ def test_invoke_endpoint_with_every_header():
         assert response["InvokedProductionVariant"] == "variant-b"
         assert response["CustomAttributes"] == "trace=abc;tenant=t1"
         assert "; Expires=" in response["NewSessionId"]
+        request_id = response["ResponseMetadata"]["RequestId"]
         assert answer["object"] == "chat.completion"
         assert answer["choices"][0]["message"]["content"] == "alpha beta gamma"
         assert answer["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
@@ -123,13 +136,22 @@ def test_invoke_endpoint_with_every_header():
         (record,) = server.requests
     h = record.headers
     assert record.operation == OP_INVOKE and record.endpoint_name == "my-endpoint" and record.body == BODY
-    assert (h.content_type, h.accept, h.custom_attributes) == ("application/json", "application/json", "trace=abc;tenant=t1")
-    assert (h.target_model, h.target_variant, h.target_container_hostname) == ("model-a.tar.gz", "variant-b", "container-1")
+    assert (h.content_type, h.accept, h.custom_attributes) == (
+        "application/json",
+        "application/json",
+        "trace=abc;tenant=t1",
+    )
+    assert (h.target_model, h.target_variant, h.target_container_hostname) == (
+        "model-a.tar.gz",
+        "variant-b",
+        "container-1",
+    )
     assert (h.inference_id, h.enable_explanations, h.inference_component) == ("inf-0001", "`true`", "llama-ic-1")
     assert (h.session_id, h.prefix_aware_id) == ("NEW_SESSION", "tenant-1:app-a")
     assert h.authorization.startswith("AWS4-HMAC-SHA256 Credential=test/")
     assert "/us-east-1/sagemaker/aws4_request" in h.authorization
     assert (record.outcome, record.status, record.fault) == ("ok", 200, None)
+    assert record.request.request_id == request_id  # x-amzn-RequestId: client and server records join
 
 
 def test_invoke_endpoint_with_response_stream_with_every_header():
@@ -157,7 +179,11 @@ def test_invoke_endpoint_with_response_stream_with_every_header():
     }
     h = record.headers
     assert record.operation == OP_INVOKE_STREAM and record.endpoint_name == "my-endpoint"
-    assert (h.content_type, h.accept, h.custom_attributes) == ("application/json", "text/event-stream", "trace=abc;tenant=t1")
+    assert (h.content_type, h.accept, h.custom_attributes) == (
+        "application/json",
+        "text/event-stream",
+        "trace=abc;tenant=t1",
+    )
     assert (h.target_variant, h.target_container_hostname, h.inference_id) == ("variant-b", "container-1", "inf-0001")
     assert (h.inference_component, h.session_id, h.prefix_aware_id) == ("llama-ic-1", "sess-42", "tenant-1:app-a")
     assert (h.target_model, h.enable_explanations) == (None, None)  # not in the streaming operation
@@ -171,7 +197,9 @@ def test_the_header_names_are_those_of_the_service_model():
     model = boto3.client("sagemaker-runtime", region_name="us-east-1").meta.service_model
     for operation, accept in ((OP_INVOKE, "Accept"), (OP_INVOKE_STREAM, "X-Amzn-SageMaker-Accept")):
         members = model.operation_model(operation).input_shape.members
-        header_names = {m.serialization["name"].lower() for m in members.values() if m.serialization.get("location") == "header"}
+        header_names = {
+            m.serialization["name"].lower() for m in members.values() if m.serialization.get("location") == "header"
+        }
         ours = {v.lower() for v in RequestHeaders.HTTP_NAMES.values()} | {accept.lower()}
         assert header_names <= ours, header_names - ours
 
@@ -216,8 +244,17 @@ def test_error_statuses_match_the_service_model():
     assert "ThrottlingException" not in {s.name for s in model.operation_model(OP_INVOKE).error_shapes}
 
 
-@pytest.mark.parametrize("kind", ["ValidationError", "ModelError", "InternalFailure", "ServiceUnavailable",
-                                  "ModelNotReadyException", "InternalDependencyException"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "ValidationError",
+        "ModelError",
+        "InternalFailure",
+        "ServiceUnavailable",
+        "ModelNotReadyException",
+        "InternalDependencyException",
+    ],
+)
 def test_each_error_kind_raises_the_modelled_exception(kind):
     with serve_runtime(EchoBackend(), faults=Faults(error_first=2, error_kind=kind)) as server:
         client = client_for(server)
@@ -240,8 +277,13 @@ def test_each_error_kind_raises_the_modelled_exception(kind):
 
 
 def test_backend_errors_and_bugs():
-    reply = ErrorReply("ModelError", "bad body", original_status_code=400, original_message="no prompt",
-                       log_stream_arn="arn:aws:logs:us-east-1:1:log-group:x")
+    reply = ErrorReply(
+        "ModelError",
+        "bad body",
+        original_status_code=400,
+        original_message="no prompt",
+        log_stream_arn="arn:aws:logs:us-east-1:1:log-group:x",
+    )
     with serve_runtime(Scripted(result=reply)) as server:
         client = client_for(server)
         with pytest.raises(client.exceptions.ModelError) as info:
@@ -267,8 +309,12 @@ def test_validation_by_the_server():
             client.invoke_endpoint(EndpointName="known", Body=b" " * (6 * 1024 * 1024 + 1))
         # botocore checks lengths itself: send a 65-character PrefixAwareId by hand.
         conn = http.client.HTTPConnection(server.host, server.port, timeout=5)
-        conn.request("POST", "/endpoints/known/invocations", body=BODY,
-                      headers={"X-Amzn-SageMaker-Prefix-Aware-Id": "x" * 65, "Content-Type": "application/json"})
+        conn.request(
+            "POST",
+            "/endpoints/known/invocations",
+            body=BODY,
+            headers={"X-Amzn-SageMaker-Prefix-Aware-Id": "x" * 65, "Content-Type": "application/json"},
+        )
         response = conn.getresponse()
         assert response.status == 400 and response.getheader("X-Amzn-ErrorType") == "ValidationError"
         assert "prefixAwareId" in json.loads(response.read())["Message"]
@@ -301,13 +347,18 @@ def test_throttling_is_the_common_throttling_error_and_botocore_retries_it_as_su
         assert retrying.invoke_endpoint(EndpointName="ep", Body=BODY)["Body"].read()
         server.wait_until_idle()
         assert [(r.outcome, r.error_code) for r in server.requests] == [
-            ("error", "ThrottlingException"), ("error", "ServiceUnavailable"), ("ok", None)]
+            ("error", "ThrottlingException"),
+            ("error", "ServiceUnavailable"),
+            ("ok", None),
+        ]
     assert scales == [1, 0.05]  # botocore's standard mode: throttling backoff, then the 5xx one
 
 
 def test_throttle_status_429_and_seeded_fractions():
     def throttled(seed):
-        with serve_runtime(EchoBackend(max_tokens=1), faults=Faults(throttle_rate=0.5, seed=seed, throttle_status=429)) as server:
+        with serve_runtime(
+            EchoBackend(max_tokens=1), faults=Faults(throttle_rate=0.5, seed=seed, throttle_status=429)
+        ) as server:
             conn = http.client.HTTPConnection(server.host, server.port, timeout=5)
             statuses = []
             for _ in range(20):
@@ -341,7 +392,12 @@ def test_mid_stream_error_surfaces_through_botocore(kind, code):
         assert info.value.response["Error"] == {"Code": kind, "Message": "Injected mid-stream failure."}
         server.wait_until_idle()
         (record,) = server.requests
-    assert (record.outcome, record.error_code, record.fault, record.chunks_sent) == ("stream_error", kind, "stream_error", 2)
+    assert (record.outcome, record.error_code, record.fault, record.chunks_sent) == (
+        "stream_error",
+        kind,
+        "stream_error",
+        2,
+    )
 
 
 def test_mid_stream_error_on_the_wire_carries_the_error_code():
@@ -353,7 +409,10 @@ def test_mid_stream_error_on_the_wire_carries_the_error_code():
         messages = eventstream.decode_messages(response.read())
         conn.close()
     assert [m.event_type for m in messages] == ["PayloadPart", None]
-    assert messages[-1].json() == {"Message": "Injected mid-stream failure.", "ErrorCode": "ModelInvocationTimeExceeded"}
+    assert messages[-1].json() == {
+        "Message": "Injected mid-stream failure.",
+        "ErrorCode": "ModelInvocationTimeExceeded",
+    }
 
 
 def test_backend_stream_failure_and_backend_crash_mid_stream():
@@ -435,11 +494,20 @@ def test_dropped_connection_mid_stream():
 
 def test_fragmented_payload_parts_reassemble():
     with serve_runtime(EchoBackend(max_tokens=4)) as server:
-        whole = [e["PayloadPart"]["Bytes"] for e in client_for(server).invoke_endpoint_with_response_stream(EndpointName="ep", Body=BODY)["Body"]]
+        whole = [
+            e["PayloadPart"]["Bytes"]
+            for e in client_for(server).invoke_endpoint_with_response_stream(EndpointName="ep", Body=BODY)["Body"]
+        ]
     with serve_runtime(EchoBackend(max_tokens=4), faults=Faults(fragment_bytes=7)) as server:
-        parts = [e["PayloadPart"]["Bytes"] for e in client_for(server).invoke_endpoint_with_response_stream(EndpointName="ep", Body=BODY)["Body"]]
+        parts = [
+            e["PayloadPart"]["Bytes"]
+            for e in client_for(server).invoke_endpoint_with_response_stream(EndpointName="ep", Body=BODY)["Body"]
+        ]
     assert len(parts) > len(whole) and max(len(p) for p in parts) == 7
-    strip = lambda objs: [o if o == "[DONE]" else {k: v for k, v in o.items() if k not in ("id", "created")} for o in objs]  # noqa: E731
+
+    def strip(objs):
+        return [o if o == "[DONE]" else {k: v for k, v in o.items() if k not in ("id", "created")} for o in objs]
+
     assert strip(sse_objects(b"".join(parts).decode())) == strip(sse_objects(b"".join(whole).decode()))
 
 
@@ -457,13 +525,28 @@ def test_client_disconnect_closes_the_backend_iterator():
     assert record.outcome == "client_disconnected" and record.chunks_sent < 200
 
 
+def test_stop_ends_streams_in_flight():
+    backend = Scripted(chunks=[b"x", *([0.01, b"y"] * 500)])
+    server = RuntimeServer(backend).start()
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=5)
+    conn.request("POST", "/endpoints/ep/invocations-response-stream", body=BODY)
+    response = conn.getresponse()
+    response.read(16)
+    server.stop()
+    assert backend.closed.wait(5) and server.wait_until_idle(5)
+    assert server.requests[0].outcome == "client_disconnected"
+    conn.close()
+
+
 def test_concurrent_requests_are_all_recorded():
     with serve_runtime(EchoBackend(token_delay=0.005, max_tokens=5)) as server:
         client = client_for(server)
         results = []
 
         def call(i):
-            events = client.invoke_endpoint_with_response_stream(EndpointName="ep", Body=BODY, InferenceId=f"id-{i}")["Body"]
+            events = client.invoke_endpoint_with_response_stream(EndpointName="ep", Body=BODY, InferenceId=f"id-{i}")[
+                "Body"
+            ]
             results.append(len(list(events)))
 
         threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
@@ -544,11 +627,24 @@ def test_port_url_ping_and_loopback_only():
 
 
 def test_fault_spec_parsing():
-    faults = Faults.from_spec("throttle_rate=0.25, stream-error-after=3,error_kind=InternalFailure,seed=9,drop_after=none")
+    faults = Faults.from_spec(
+        "throttle_rate=0.25, stream-error-after=3,error_kind=InternalFailure,seed=9,drop_after=none"
+    )
     assert (faults.throttle_rate, faults.stream_error_after, faults.error_kind, faults.seed, faults.drop_after) == (
-        0.25, 3, "InternalFailure", 9, None)
+        0.25,
+        3,
+        "InternalFailure",
+        9,
+        None,
+    )
     assert Faults.from_spec("") == Faults()
-    for bad, message in [("nope=1", "NAME=VALUE"), ("throttle_rate=x", "not a number"), ("throttle_rate=2", "between 0 and 1"),
-                         ("error_kind=Teapot", "error_kind"), ("stream_error_kind=X", "stream_error_kind"), ("truncate_after=-1", ">= 0")]:
+    for bad, message in [
+        ("nope=1", "NAME=VALUE"),
+        ("throttle_rate=x", "not a number"),
+        ("throttle_rate=2", "between 0 and 1"),
+        ("error_kind=Teapot", "error_kind"),
+        ("stream_error_kind=X", "stream_error_kind"),
+        ("truncate_after=-1", ">= 0"),
+    ]:
         with pytest.raises(UserError, match=message):
             Faults.from_spec(bad)

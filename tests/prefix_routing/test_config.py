@@ -1,0 +1,95 @@
+"""Configuration mistakes: each gives one clear line naming file, field, value and what is allowed."""
+
+import copy
+
+import pytest
+
+from prefix_routing.config import DEFAULT_STAGE_DATA, ConfigError, load_stage, parse_stage
+
+
+def _with(path: str, value):
+    data = copy.deepcopy(DEFAULT_STAGE_DATA)
+    *parents, leaf = path.split(".")
+    node = data
+    for part in parents:
+        node = node.setdefault(part, {})
+    if value is _DELETE:
+        del node[leaf]
+    else:
+        node[leaf] = value
+    return data
+
+
+_DELETE = object()
+
+
+@pytest.mark.parametrize(
+    "path, value, expected",
+    [
+        ("routing.prefix_lenght", 4096, "stage.toml: routing.prefix_lenght: unknown key (a typo?)"),
+        ("routing.prefix_length", 512, "stage.toml: routing.prefix_length = 512: allowed: from 1024 to 65536"),
+        ("routing.prefix_length", 70000, "stage.toml: routing.prefix_length = 70000: allowed: from 1024 to 65536"),
+        ("routing.concurrency_threshold", 0, "stage.toml: routing.concurrency_threshold = 0: allowed: from 1 to 1024"),
+        ("routing.concurrency_threshold", 2048, "routing.concurrency_threshold = 2048: allowed: from 1 to 1024"),
+        ("metrics.publish_frequency_s", 15, "metrics.publish_frequency_s = 15: must be one of 10, 30, 60, 120, 180, 240, 300"),
+        ("endpoint.instances_min", 3, "stage.toml: endpoint: instances_min (3) must be <= instances_max (2)"),
+        ("endpoint.copies_min", 5, "endpoint: copies_min (5) must be <= copies_max (2)"),
+        ("routing.prefix_length", "4096", "routing.prefix_length = '4096': Input should be a valid integer"),
+        ("endpoint.instance_type", _DELETE, "stage.toml: endpoint.instance_type: required field is missing"),
+        ("routing.concurrency_threshold", None, "routing: PREFIX_AWARE needs both prefix_length (1024-65536) and concurrency_threshold (1-1024)"),
+        ("routing.strategy", "KV_AWARE", "routing.strategy = 'KV_AWARE': KV_AWARE is known to the SageMaker API but CloudFormation"),
+        ("routing.strategy", "ROUND_ROBIN", "routing.strategy = 'ROUND_ROBIN': must be one of RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE"),
+        ("model.image_tag", "latest", "model.image_tag = 'latest': pin a tag"),
+        ("alarms.emails", ["not-an-address"], "alarms.emails.0 = 'not-an-address': String should match pattern"),
+        ("model.model_s3_uri", "s3://bucket/x/", "model: set exactly one of model_id (Hugging Face id) or model_s3_uri"),
+        ("model.accelerators_per_copy", 4, "model: tensor_parallel_degree (1) must equal accelerators_per_copy (4)"),
+        ("endpoint.copies_max", 5, "endpoint.copies_max (5) exceeds what instances_max (2) x 1 copies per instance can hold"),
+        ("scaling.target_concurrent_requests_per_copy", 20.0, "is above routing.concurrency_threshold (10)"),
+        ("normalizer.log_retention_days", 10, "normalizer.log_retention_days = 10: Input should be 1, 3, 5, 7, 14, 30"),
+    ],
+)
+def test_mistake_is_named_with_value_and_what_is_allowed(path, value, expected):
+    with pytest.raises(ConfigError) as raised:
+        parse_stage(_with(path, value), source="stage.toml")
+    assert expected in str(raised.value)
+
+
+def test_all_problems_are_reported_at_once():
+    data = _with("routing.prefix_length", 10)
+    data["metrics"] = {"publish_frequency_s": 7, "colour": "blue"}
+    with pytest.raises(ConfigError) as raised:
+        parse_stage(data, source="s.toml")
+    assert len(raised.value.problems) == 3
+
+
+def test_the_embedded_default_is_valid_and_lets_routing_matter():
+    config = load_stage()
+    assert config.routing.strategy == "PREFIX_AWARE"
+    assert config.endpoint.copies_max >= 2 and config.warnings == []
+
+
+def test_warning_when_only_one_copy_can_serve():
+    data = _with("endpoint.copies_max", 1)
+    data["endpoint"]["copies_min"] = 1
+    config = parse_stage(data, source="s.toml")
+    assert any("has no effect" in w for w in config.warnings)
+
+
+def test_unknown_instance_type_is_a_warning_not_an_error():
+    config = parse_stage(_with("endpoint.instance_type", "ml.g7.xlarge"), source="s.toml")
+    assert any("not in the known table" in w for w in config.warnings)
+
+
+def test_stage_files(tmp_path):
+    (tmp_path / "broken.toml").write_text("[routing\nstrategy = 1\n")
+    with pytest.raises(ConfigError, match=r"broken.toml: not valid TOML"):
+        load_stage("broken", config_dir=tmp_path)
+    with pytest.raises(ConfigError, match=r"stage 'nope': no file .*available stages: broken, default"):
+        load_stage("nope", config_dir=tmp_path)
+
+
+@pytest.mark.parametrize("stage", ["llama8b-g6e", "llama70b-p5"])
+def test_example_stages_load(stage):
+    config = load_stage(stage)
+    assert config.name == stage
+    assert config.endpoint.copies_max >= 2 and not config.warnings

@@ -1,0 +1,119 @@
+from prefix_routing import telemetry
+from prefix_routing.config import load_stage
+
+
+def _alarms(template):
+    return {key: value["Properties"] for key, value in template.find_resources("AWS::CloudWatch::Alarm").items()}
+
+
+def _by_description(alarms, words):
+    matches = [a for a in alarms.values() if words in a["AlarmDescription"]]
+    assert len(matches) == 1, (words, [a["AlarmDescription"] for a in alarms.values()])
+    return matches[0]
+
+
+def _single_metric(alarm):
+    """(namespace, name, dimensions, statistic) whether CDK wrote the flat or the Metrics form."""
+    if "MetricName" in alarm:
+        return alarm["Namespace"], alarm["MetricName"], alarm["Dimensions"], alarm.get("ExtendedStatistic") or alarm["Statistic"]
+    (entry,) = alarm["Metrics"]
+    stat = entry["MetricStat"]
+    metric = stat["Metric"]
+    return metric["Namespace"], metric["MetricName"], metric["Dimensions"], stat["Stat"]
+
+
+def _topic_ref(template):
+    (topic_id,) = template.find_resources("AWS::SNS::Topic").keys()
+    return {"Ref": topic_id}
+
+
+def test_topic_is_kms_encrypted_and_tls_only(default_templates):
+    template = default_templates["observability"]
+    (topic,) = template.find_resources("AWS::SNS::Topic").values()
+    key_id = topic["Properties"]["KmsMasterKeyId"]["Fn::GetAtt"][0]
+    assert template.find_resources("AWS::KMS::Key")[key_id]["Properties"]["EnableKeyRotation"] is True
+    template.has_resource_properties(
+        "AWS::SNS::TopicPolicy",
+        {"PolicyDocument": {"Statement": [{"Effect": "Deny", "Condition": {"Bool": {"aws:SecureTransport": "false"}}}]}},
+    )
+
+
+def test_ttft_p50_alarm(default_templates):
+    config = load_stage()
+    template = default_templates["observability"]
+    alarm = _by_description(_alarms(template), "P50 time to first token")
+    assert _single_metric(alarm) == (
+        telemetry.NAMESPACE,
+        telemetry.TTFT.name,
+        [{"Name": telemetry.DIMENSION_COMPONENT, "Value": config.component_name}],
+        "p50",
+    )
+    assert alarm["Threshold"] == config.alarms.ttft_p50_ms
+    assert alarm["ComparisonOperator"] == "GreaterThanThreshold"
+    assert alarm["AlarmActions"] == [_topic_ref(template)]
+
+
+def test_hit_rate_alarm_divides_cached_by_prompt_tokens(default_templates):
+    config = load_stage()
+    template = default_templates["observability"]
+    alarm = _by_description(_alarms(template), "KV-cache hit rate")
+    metrics = {m["Id"]: m for m in alarm["Metrics"]}
+    expression = next(m for m in metrics.values() if "Expression" in m)
+    assert expression["Expression"] == "cached / prompt"
+    assert metrics["cached"]["MetricStat"]["Metric"]["MetricName"] == telemetry.CACHED_TOKENS.name
+    assert metrics["prompt"]["MetricStat"]["Metric"]["MetricName"] == telemetry.PROMPT_TOKENS.name
+    assert metrics["cached"]["MetricStat"]["Stat"] == "Sum"
+    assert alarm["Threshold"] == config.alarms.minimum_hit_rate
+    assert alarm["ComparisonOperator"] == "LessThanThreshold"
+    assert alarm["AlarmActions"] == [_topic_ref(template)]
+
+
+def test_hotspot_alarm_watches_each_instance(default_templates):
+    config = load_stage()
+    template = default_templates["observability"]
+    alarm = _by_description(_alarms(template), "fair share")
+    (query,) = [m["Expression"] for m in alarm["Metrics"]]
+    assert "GROUP BY InstanceId" in query and "ConcurrentRequestsPerCopy" in query
+    assert f"InferenceComponentName = '{config.component_name}'" in query
+    expected = min(config.scaling.target_concurrent_requests_per_copy * config.alarms.hotspot_factor,
+                   config.routing.concurrency_threshold)
+    assert alarm["Threshold"] == expected
+    assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+    assert alarm["EvaluationPeriods"] == config.alarms.evaluation_periods
+
+
+def test_pinned_at_threshold_alarm(default_templates):
+    config = load_stage()
+    alarm = _by_description(_alarms(default_templates["observability"]), "sits at the ConcurrencyThreshold")
+    namespace, name, dimensions, statistic = _single_metric(alarm)
+    assert (namespace, name, statistic) == ("AWS/SageMaker", "ConcurrentRequestsPerCopy", "Maximum")
+    assert dimensions == [{"Name": "InferenceComponentName", "Value": config.component_name}]
+    assert alarm["Threshold"] == config.routing.concurrency_threshold
+
+
+def test_error_rate_and_capacity_alarms(default_templates):
+    config = load_stage()
+    template = default_templates["observability"]
+    alarms = _alarms(template)
+    errors = _by_description(alarms, "5XX errors above")
+    expression = next(m for m in errors["Metrics"] if "Expression" in m)["Expression"]
+    assert expression == "100 * errors / MAX([errors, invocations])"
+    names = {m["MetricStat"]["Metric"]["MetricName"] for m in errors["Metrics"] if "MetricStat" in m}
+    assert names == {"Invocation5XXErrors", "Invocations"}
+    assert errors["Threshold"] == config.alarms.error_rate_percent
+    capacity = _by_description(alarms, "found no copy")
+    assert _single_metric(capacity)[1:] == (
+        "NoCapacityInvocationFailures", [{"Name": "InferenceComponentName", "Value": config.component_name}], "Sum"
+    )
+    assert capacity["ComparisonOperator"] == "GreaterThanOrEqualToThreshold" and capacity["Threshold"] == 1
+    for alarm in alarms.values():
+        assert alarm["AlarmActions"] == [_topic_ref(template)]
+
+
+def test_email_subscriptions_from_config():
+    from tests.stacks.conftest import stage_with, synth
+
+    _, templates = synth(stage_with(alarms={"emails": ["oncall@example.com"]}))
+    templates["observability"].has_resource_properties(
+        "AWS::SNS::Subscription", {"Protocol": "email", "Endpoint": "oncall@example.com"}
+    )
