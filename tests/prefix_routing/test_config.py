@@ -93,3 +93,26 @@ def test_example_stages_load(stage):
     config = load_stage(stage)
     assert config.name == stage
     assert config.endpoint.copies_max >= 2 and not config.warnings
+
+
+def _field_paths(model, prefix=""):
+    for name, field in model.model_fields.items():
+        if hasattr(field.annotation, "model_fields"):
+            yield from _field_paths(field.annotation, f"{prefix}{name}.")
+        else:
+            yield prefix + name
+
+
+def test_readme_configuration_reference_lists_every_field():
+    from pathlib import Path
+
+    from prefix_routing.config import StageConfig
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Configuration reference", 1)[1].split("\n## ", 1)[0]
+    missing = []
+    for path in _field_paths(StageConfig):
+        section_name, _, leaf = path.rpartition(".")
+        if f"`{path}`" not in section and not (section_name and f"`{leaf}`" in section and f"`{section_name}." in section):
+            missing.append(path)
+    assert not missing, f"README configuration reference lacks: {missing}"
