@@ -22,8 +22,14 @@ def _run_app(tmp_path, stage, config_dir=None):
 def test_example_stage_synthesizes(tmp_path, stage):
     result = _run_app(tmp_path, stage)
     assert result.returncode == 0, result.stderr[-3000:]
-    templates = sorted(p.name for p in (tmp_path / "out").glob("*.template.json"))
-    assert templates == [f"PrefixRouting-{stage}-{s}.template.json" for s in ("Endpoint", "Normalizer", "Observability")]
+    templates = sorted((tmp_path / "out").glob("*.template.json"))
+    assert [p.name for p in templates] == [
+        f"PrefixRouting-{stage}-{s}.template.json" for s in ("Endpoint", "Normalizer", "Observability")
+    ]
+    lint = subprocess.run(
+        [str(Path(sys.executable).parent / "cfn-lint"), *map(str, templates)], cwd=ROOT, capture_output=True, text=True
+    )
+    assert lint.returncode == 0, lint.stdout  # .cfnlintrc applies: no errors, no warnings
 
 
 def test_config_typo_exits_2_with_one_clear_line_and_no_traceback(tmp_path):
