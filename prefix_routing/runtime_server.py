@@ -88,7 +88,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 from urllib.parse import unquote, urlsplit
 
 from prefix_routing import eventstream
@@ -1142,6 +1142,124 @@ def _prompt_text(body: Any) -> tuple[str, str]:
     raise ValueError("body has no 'messages', 'prompt' or 'inputs'")
 
 
+@dataclass(frozen=True)
+class ChatRequest:
+    """What a model backend needs from a chat, completions or LMI body."""
+
+    body: dict[str, Any]
+    prompt_words: list[str]  # whitespace-separated words of all prompt text: the stand-in for tokens
+    out_words: list[str]  # the answer: the last user turn's words, repeated to n_out
+    n_out: int
+    finish: str  # "length" when the body set a token limit, else "stop"
+    cache_salt: str
+
+
+def parse_chat_request(request: RuntimeRequest, *, default_max_tokens: int) -> ChatRequest | ErrorReply:
+    """Parse the body as a container would; a body it cannot serve gets ``ModelError`` (original 400)."""
+    try:
+        body = request.json()
+        everything, last_user = _prompt_text(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        message = json.dumps({"object": "error", "message": str(exc), "type": "BadRequestError", "code": 400})
+        return ErrorReply(
+            "ModelError",
+            f'Received client error (400) from primary with message "{message}".',
+            original_status_code=400,
+            original_message=message,
+            log_stream_arn=_log_stream_arn(request.endpoint_name),
+        )
+    limit = body.get("max_tokens") or body.get("max_completion_tokens")
+    if limit is None and isinstance(body.get("parameters"), dict):
+        limit = body["parameters"].get("max_new_tokens")
+    n_out = limit if isinstance(limit, int) and limit > 0 else default_max_tokens
+    words = _WORD_RE.findall(last_user) or ["ok"]
+    return ChatRequest(
+        body=body,
+        prompt_words=_WORD_RE.findall(everything),
+        out_words=[words[i % len(words)] for i in range(n_out)],
+        n_out=n_out,
+        finish="length" if isinstance(limit, int) and limit > 0 else "stop",
+        cache_salt=body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else "",
+    )
+
+
+def chat_response(
+    request: RuntimeRequest,
+    chat: ChatRequest,
+    *,
+    prompt_tokens: int,
+    cached_tokens: int,
+    wait: Callable[[int], None],
+    whole_delay: float,
+    stream_format: str = "sse",
+    model: str = "echo",
+    variant: str | None = None,
+    on_close: Callable[[], None] | None = None,
+) -> BackendResponse:
+    """An OpenAI chat-completion answer: streamed chunks (``wait(i)`` before chunk ``i``) ending with
+    a usage chunk (and ``[DONE]`` in SSE), or one JSON object after ``whole_delay`` seconds.
+    ``on_close`` runs when the server stops pulling, finished or not."""
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": chat.n_out,
+        "total_tokens": prompt_tokens + chat.n_out,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+    head = {
+        "id": f"chatcmpl-{request.request_id}",
+        "created": int(request.arrival_wall),
+        "model": chat.body.get("model") if isinstance(chat.body.get("model"), str) else model,
+    }
+
+    def frame(obj: Any) -> bytes:
+        if stream_format == "sse":
+            return sse_event(obj)
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
+
+    def streamed() -> Iterator[bytes]:
+        try:
+            for i, word in enumerate(chat.out_words):
+                wait(i)
+                delta: dict[str, Any] = {"content": word if i == 0 else " " + word}
+                if i == 0:
+                    delta = {"role": "assistant", **delta}
+                finish = chat.finish if i == len(chat.out_words) - 1 else None
+                yield frame({**head, "object": "chat.completion.chunk",
+                             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+            yield frame({**head, "object": "chat.completion.chunk", "choices": [], "usage": usage})
+            if stream_format == "sse":
+                yield SSE_DONE
+        finally:
+            if on_close:
+                on_close()
+
+    def whole() -> Iterator[bytes]:
+        try:
+            time.sleep(whole_delay)
+            message = {"role": "assistant", "content": " ".join(chat.out_words)}
+            yield json.dumps(
+                {**head, "object": "chat.completion",
+                 "choices": [{"index": 0, "message": message, "finish_reason": chat.finish}], "usage": usage},
+                separators=(",", ":"),
+                ensure_ascii=False,
+            ).encode("utf-8")
+        finally:
+            if on_close:
+                on_close()
+
+    if request.stream:
+        content_type = "text/event-stream" if stream_format == "sse" else "application/jsonlines"
+        chunks = streamed()
+    else:
+        content_type, chunks = "application/json", whole()
+    return BackendResponse(
+        chunks=chunks,
+        content_type=content_type,
+        invoked_variant=variant or request.headers.target_variant or None,
+        custom_attributes=request.headers.custom_attributes,
+    )
+
+
 class EchoBackend:
     """A scripted model for tests and demos: answers OpenAI chat-completion chunks that echo the
     last user message word by word.
@@ -1221,92 +1339,26 @@ class EchoBackend:
         }
 
     def handle(self, request: RuntimeRequest) -> BackendResponse | ErrorReply:
-        try:
-            body = request.json()
-            everything, last_user = _prompt_text(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            message = json.dumps({"object": "error", "message": str(exc), "type": "BadRequestError", "code": 400})
-            return ErrorReply(
-                "ModelError",
-                f'Received client error (400) from primary with message "{message}".',
-                original_status_code=400,
-                original_message=message,
-                log_stream_arn=_log_stream_arn(request.endpoint_name),
-            )
-        limit = body.get("max_tokens") or body.get("max_completion_tokens")
-        if limit is None and isinstance(body.get("parameters"), dict):
-            limit = body["parameters"].get("max_new_tokens")
-        n_out = limit if isinstance(limit, int) and limit > 0 else self.max_tokens
-        words = _WORD_RE.findall(last_user) or ["ok"]
-        out_words = [words[i % len(words)] for i in range(n_out)]
-        prompt_words = _WORD_RE.findall(everything)
-        salt = body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else ""
-        cached = self._cached_tokens(prompt_words, salt)
-        usage = {
-            "prompt_tokens": len(prompt_words),
-            "completion_tokens": n_out,
-            "total_tokens": len(prompt_words) + n_out,
-            "prompt_tokens_details": {"cached_tokens": cached},
-        }
+        chat = parse_chat_request(request, default_max_tokens=self.max_tokens)
+        if isinstance(chat, ErrorReply):
+            return chat
+        cached = self._cached_tokens(chat.prompt_words, chat.cache_salt)
         with self._lock:
             self._totals.update(
-                requests=1, prompt_tokens=len(prompt_words), cached_tokens=cached, completion_tokens=n_out
+                requests=1, prompt_tokens=len(chat.prompt_words), cached_tokens=cached, completion_tokens=chat.n_out
             )
-        completion_id = f"chatcmpl-{request.request_id}"
-        created = int(request.arrival_wall)
-        model = body.get("model") if isinstance(body.get("model"), str) else self.model
-        finish = "length" if isinstance(limit, int) and limit > 0 else "stop"
-        variant = self.variant or request.headers.target_variant or None
-        if request.stream:
-            content_type = "text/event-stream" if self.stream_format == "sse" else "application/jsonlines"
-            chunks = self._stream(completion_id, created, model, out_words, usage, finish)
-        else:
-            content_type = "application/json"
-            chunks = self._whole(completion_id, created, model, out_words, usage, finish)
-        return BackendResponse(
-            chunks=chunks,
-            content_type=content_type,
-            invoked_variant=variant,
-            custom_attributes=request.headers.custom_attributes,
-        )
 
-    def _frame(self, obj: Any) -> bytes:
-        if self.stream_format == "sse":
-            return sse_event(obj)
-        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
-
-    def _stream(self, cid, created, model, out_words, usage, finish) -> Iterator[bytes]:
-        head = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model}
-        for i, word in enumerate(out_words):
+        def wait(i: int) -> None:
             time.sleep(self.first_chunk_delay if i == 0 else self.token_delay)
-            delta: dict[str, Any] = {"content": word if i == 0 else " " + word}
-            if i == 0:
-                delta = {"role": "assistant", **delta}
-            last = i == len(out_words) - 1
-            yield self._frame(
-                {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish if last else None}]}
-            )
-        yield self._frame({**head, "choices": [], "usage": usage})
-        if self.stream_format == "sse":
-            yield SSE_DONE
 
-    def _whole(self, cid, created, model, out_words, usage, finish) -> Iterator[bytes]:
-        time.sleep(self.first_chunk_delay + self.token_delay * max(0, len(out_words) - 1))
-        yield json.dumps(
-            {
-                "id": cid,
-                "object": "chat.completion",
-                "created": created,
-                "model": model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": " ".join(out_words)},
-                        "finish_reason": finish,
-                    }
-                ],
-                "usage": usage,
-            },
-            separators=(",", ":"),
-            ensure_ascii=False,
-        ).encode("utf-8")
+        return chat_response(
+            request,
+            chat,
+            prompt_tokens=len(chat.prompt_words),
+            cached_tokens=cached,
+            wait=wait,
+            whole_delay=self.first_chunk_delay + self.token_delay * max(0, chat.n_out - 1),
+            stream_format=self.stream_format,
+            model=self.model,
+            variant=self.variant,
+        )
