@@ -26,6 +26,7 @@ emulator. It is deterministic across processes (no ``hash()``, no set iteration)
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -66,7 +67,7 @@ BLOCK_BYTES_MIN: Final = 64
 BLOCK_BYTES_MAX: Final = 1024 * 1024
 MAX_BODY_BYTES_LIMIT: Final = 6 * 1024 * 1024  # InvokeEndpoint(WithResponseStream) Body max: 6 MiB
 MAX_DEPTH_MIN: Final = 8
-MAX_DEPTH_MAX: Final = 512
+MAX_DEPTH_MAX: Final = 256
 FINGERPRINT_HEX_DIGITS: Final = 16
 
 #: Roles whose messages are system prompts (the end-of-system-prompt rule and freeze rules).
@@ -117,16 +118,18 @@ PROMPT_FIELDS: Final = {"messages": "chat", "prompt": "completion", "inputs": "l
 FREEZE_HEADER: Final = "Values of the placeholders ⟦…⟧ used above:"
 FREEZE_PLACEMENTS: Final = ("system_message", "first_user_message")
 
-_PLACEHOLDER_RE: Final = re.compile(r"(⟦[A-Za-z][A-Za-z0-9_-]*:[1-9][0-9]*⟧)")
-_PLACEHOLDER_PARTS_RE: Final = re.compile(r"⟦([A-Za-z][A-Za-z0-9_-]*):([1-9][0-9]*)⟧")
-_FREEZE_LINE_RE: Final = re.compile(r"(⟦[A-Za-z][A-Za-z0-9_-]*:[1-9][0-9]*⟧) = (\".*\")")
+_PLACEHOLDER_RE: Final = re.compile(r"(⟦[A-Za-z][A-Za-z0-9_-]{0,39}:[1-9][0-9]{0,8}⟧)")
+_PLACEHOLDER_PARTS_RE: Final = re.compile(r"⟦([A-Za-z][A-Za-z0-9_-]{0,39}):([1-9][0-9]{0,8})⟧")
+_FREEZE_LINE_RE: Final = re.compile(r"(⟦[A-Za-z][A-Za-z0-9_-]{0,39}:[1-9][0-9]{0,8}⟧) = (\".*\")")
 _RULE_NAME_RE: Final = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,39}")
-_TRAILING_WS_RE: Final = re.compile(r"[ \t]+(?=\n)")
 _IDENTIFIER_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ROUTING_ID_RE: Final = re.compile(r"[!-~]{1,64}")  # printable ASCII, no space: botocore's pattern holds
 _SALT_RE: Final = re.compile(r"[!-~]{1,256}")
 
 _BOM: Final = b"\xef\xbb\xbf"
+_LINEWISE_MIN: Final = 512  # texts of at least this many characters get the text rules line by line
+_NFC: Final = functools.partial(unicodedata.normalize, "NFC")
+
 _NO_VALUE: Final = object()
 
 
@@ -218,7 +221,8 @@ class SettingsError(ValueError):
 
 def _check_int(source: str, name: str, value: Any, low: int, high: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise SettingsError(source, name, "out of range or not an integer", value=value, allowed=f"an integer {low}..{high}")
+        raise SettingsError(source, name, "out of range or not an integer", value=value,
+                            allowed=f"an integer {low}..{high}")
 
 
 @dataclass(frozen=True)
@@ -457,14 +461,15 @@ def block_hashes(data: bytes, block_bytes: int) -> tuple[str, ...]:
     if isinstance(block_bytes, bool) or not isinstance(block_bytes, int) or block_bytes < 1:
         raise ValueError(f"block_bytes: must be a positive integer (got {block_bytes!r})")
     view = memoryview(data)
-    previous = b""
-    hashes = []
     sha256 = hashlib.sha256
+    previous = b""
+    digests = []
     for start in range(0, len(view) - block_bytes + 1, block_bytes):
         digest = sha256(previous)
         digest.update(view[start:start + block_bytes])
         previous = digest.digest()
-        hashes.append(previous.hex()[:FINGERPRINT_HEX_DIGITS])
+        digests.append(previous)
+    hashes = [d[: FINGERPRINT_HEX_DIGITS // 2].hex() for d in digests]
     return tuple(hashes)
 
 
@@ -488,6 +493,7 @@ class Normalized:
 
 
 def _path(parts: tuple) -> str:
+    """A JSON path such as ``messages[2].content``; very deep paths keep their first and last 8 steps."""
     out = []
     for part in parts:
         if isinstance(part, int):
@@ -496,8 +502,9 @@ def _path(parts: tuple) -> str:
             out.append(f".{part}" if out else part)
         else:
             out.append(f"[{json.dumps(part[:40], ensure_ascii=True)}]")
-    text = "".join(out) or "body"
-    return text if len(text) <= 120 else f"{text[:40]}…{text[-70:]}"
+    if len(out) > 16:
+        out = [*out[:8], "…", *out[-8:]]
+    return "".join(out) or "body"
 
 
 _TEXT_RULES: Final = (
@@ -539,25 +546,52 @@ def normalize_text(text: str, *, system: bool = False) -> str:
 
 
 def _text_rules(text: str, system: bool, notes: _Notes | None, path: str) -> str:
-    if not text.isascii():
-        normal = unicodedata.normalize("NFC", text)
-        if normal != text:
-            text = normal
-            if notes is not None:
-                notes.add_text("nfc", path)
+    # CR first: "\r" and "\n" are starters that compose with nothing, so the order with NFC is free,
+    # and "\n" is a safe boundary for NFC: normalizing line by line equals normalizing the whole.
     if "\r" in text:
         text = text.replace("\r\n", "\n").replace("\r", "\n")
         if notes is not None:
             notes.add_text("cr", path)
-    if " \n" in text or "\t\n" in text:
-        text = _TRAILING_WS_RE.sub("", text)
-        if notes is not None:
-            notes.add_text("trailing", path)
+    if len(text) < _LINEWISE_MIN:
+        if not text.isascii():
+            normal = _NFC(text)
+            if normal != text:
+                text = normal
+                if notes is not None:
+                    notes.add_text("nfc", path)
+        # NFC never creates nor removes a space or tab before a line feed.
+        if " \n" in text or "\t\n" in text:
+            text = _strip_line_ends(text.split("\n"))
+            if notes is not None:
+                notes.add_text("trailing", path)
+    else:
+        # Long text, line by line: a few decomposed lines do not cost a normalization of the whole
+        # text (unicodedata returns a line that passes its quick check as the same object), and
+        # rstrip looks at line ends only instead of searching the whole text twice.
+        lines = text.split("\n")
+        normal = lines if text.isascii() else list(map(_NFC, lines))
+        stripped = [line.rstrip(" \t") for line in normal]
+        stripped[-1] = normal[-1]  # the end of the text is not a line end
+        if stripped != lines:
+            text = "\n".join(stripped)
+            if notes is not None:
+                if normal != lines:
+                    notes.add_text("nfc", path)
+                if stripped != normal:
+                    notes.add_text("trailing", path)
     if system and text[-1:] in (" ", "\t", "\n"):
         text = text.rstrip(" \t\n")
         if notes is not None:
             notes.add_text("system_end", path)
     return text
+
+
+def _strip_line_ends(lines: list[str]) -> str:
+    """Join lines with "\n", removing spaces and tabs at the end of every line but the last."""
+    last = lines.pop()
+    lines = [line.rstrip(" \t") for line in lines]
+    lines.append(last)
+    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -624,11 +658,11 @@ def _parse_bytes(body: bytes, settings: NormalizerSettings, notes: _Notes) -> di
     except UnicodeDecodeError as error:
         raise NormalizationError("body", f"not valid UTF-8 at byte {error.start}",
                                  allowed="UTF-8 encoded JSON", code="invalid_utf8") from None
-    return _parse_text(text, settings)
+    return _parse_text(text, settings, body.count(b"{") + body.count(b"["))
 
 
-def _parse_text(text: str, settings: NormalizerSettings) -> dict:
-    if not text.strip():
+def _parse_text(text: str, settings: NormalizerSettings, brackets: int | None = None) -> dict:
+    if not text or text.isspace():
         raise NormalizationError("body", "empty", allowed="a JSON object", code="empty")
     flags = []
 
@@ -662,7 +696,7 @@ def _parse_text(text: str, settings: NormalizerSettings) -> dict:
     except RecursionError:
         raise _too_deep("body", settings.max_depth) from None
     except json.JSONDecodeError as error:
-        raise NormalizationError("body", f"invalid JSON: {error.msg} at line {error.lineno} column {error.colno}",
+        raise NormalizationError("body", f"invalid JSON: {error.msg} (line {error.lineno}, column {error.colno})",
                                  allowed="a JSON object (RFC 8259)", code="invalid_json") from None
     except ValueError as error:  # e.g. an integer with more digits than int() accepts
         raise NormalizationError("body", f"invalid JSON number: {str(error)[:80]}",
@@ -684,7 +718,9 @@ def _parse_text(text: str, settings: NormalizerSettings) -> dict:
                                  code="non_finite_number")
     if not isinstance(data, dict):
         raise NormalizationError("body", "not a JSON object", value=data, allowed="a JSON object", code="not_object")
-    if text.count("{") + text.count("[") > settings.max_depth:
+    if brackets is None:
+        brackets = text.count("{") + text.count("[")
+    if brackets > settings.max_depth:  # depth <= number of opening brackets: no walk needed
         path = _too_deep_path(data, settings.max_depth)
         if path is not None:
             raise _too_deep(_path(path), settings.max_depth)
@@ -698,6 +734,8 @@ def _from_python(value: Any, depth: int, max_depth: int, path: tuple) -> Any:
     if isinstance(value, bool) or value is None:
         return value
     if isinstance(value, int):
+        if value.bit_length() > 14000:  # str(int) refuses more than 4300 digits
+            raise NormalizationError(_path(path), "integer too large", allowed="integers of at most 4200 digits")
         return int(value)
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -825,14 +863,16 @@ def _freeze_note(state: _FreezeState, where: str, target: str) -> str:
 
 
 def _is_values_message(message: dict) -> bool:
+    """A system message that an earlier normalization added to carry the values of frozen segments."""
     content = message.get("content")
-    return isinstance(content, str) and content.startswith(FREEZE_HEADER)
+    return message["role"] in SYSTEM_ROLES and isinstance(content, str) and content.startswith(FREEZE_HEADER)
 
 
 def _freeze_chat(messages: list[dict], settings: NormalizerSettings, notes: _Notes) -> None:
     block_end = 0
-    while (block_end < len(messages) and messages[block_end]["role"] in SYSTEM_ROLES
-           and not _is_values_message(messages[block_end])):
+    while block_end < len(messages) and messages[block_end]["role"] in SYSTEM_ROLES and not _is_values_message(
+        messages[block_end]
+    ):
         block_end += 1
     if block_end == 0:
         return
@@ -916,9 +956,7 @@ def _freeze_prompt(text: str, settings: NormalizerSettings, notes: _Notes, path:
         state.learn_block(block)
     else:
         cut = text.rfind("\n\n")
-        if cut <= 0:
-            if any(rule._regex.search(text) for rule in settings.freeze_rules):
-                notes.other.append(f"freeze: not applied to {path}: it has no blank line separating a shared head")
+        if cut <= 0:  # no blank line: no head to share, nothing is frozen (documented)
             return text
         head, block, sep, tail = text[:cut], "", "\n\n", text[cut + 2:]
     state.learn_text(head)
@@ -979,7 +1017,8 @@ def _chat_messages(messages: Any, settings: NormalizerSettings, notes: _Notes) -
             reordered += 1
         out.append(new)
     if reordered:
-        notes.other.append(f"keys reordered (role, content, then sorted) in {reordered} message{'s' if reordered != 1 else ''}")
+        plural = "s" if reordered != 1 else ""
+        notes.other.append(f"keys reordered (role, content, then sorted) in {reordered} message{plural}")
     if settings.freeze_rules:
         _freeze_chat(out, settings, notes)
     return out
@@ -1048,9 +1087,8 @@ def _order_fields(data: dict, known: tuple[str, ...], out: dict) -> None:
     for key in known:
         if key in data and key not in out:
             out[key] = data[key]
-    if len(out) < len(data):
-        for key in sorted(k for k in data if k not in out):
-            out[key] = data[key]
+    for key in sorted(k for k in data if k not in out):
+        out[key] = data[key]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1074,6 +1112,13 @@ def normalize_body(
         raise TypeError("settings must be a NormalizerSettings")
     if identity is not None and not isinstance(identity, RoutingIdentity):
         raise TypeError("identity must be a RoutingIdentity or None")
+    try:
+        return _normalize(body, settings, identity)
+    except RecursionError:  # a deep Mapping given by a caller that is itself deep in the stack
+        raise _too_deep("body", settings.max_depth) from None
+
+
+def _normalize(body: Any, settings: NormalizerSettings, identity: RoutingIdentity | None) -> Normalized:
     notes = _Notes()
     data = _load(body, settings, notes)
 
@@ -1097,9 +1142,8 @@ def normalize_body(
             if list(parameters) != sorted(parameters):
                 notes.other.append("parameters: keys sorted")
             out["parameters"] = {key: parameters[key] for key in sorted(parameters)}
-        if identity is not None:
-            notes.other.append("cache_salt: not added (LMI/TGI bodies do not take it); "
-                               "tenants are kept apart by PrefixAwareId only")
+        # No cache_salt for LMI/TGI bodies (the container does not take it), identity or not:
+        # tenants are kept apart by PrefixAwareId only. Nothing changes, so nothing is noted.
         _order_fields(data, KNOWN_LMI_FIELD_ORDER, out)
     else:
         salt = data.get("cache_salt", _NO_VALUE)
@@ -1124,9 +1168,8 @@ def normalize_body(
     if input_order != output_order:
         notes.other.append(f"top-level fields reordered: {first} first, then the canonical order")
 
-    text = _ENCODER.encode(out)
     try:
-        raw = text.encode("utf-8")
+        raw = _ENCODER.encode(out).encode("utf-8")
     except UnicodeEncodeError:
         path = _find(data, _has_surrogate) or ()
         raise NormalizationError(_path(path), "text contains an unpaired surrogate (e.g. \\ud800)",
