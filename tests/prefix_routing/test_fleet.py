@@ -1,0 +1,301 @@
+"""The fleet model: routing, spill, per-copy LRU caches, latency, timeouts, determinism."""
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prefix_routing.errors import UserError
+from prefix_routing.fleet import (
+    Fleet,
+    FleetConfig,
+    LatencyModel,
+    Placement,
+    Request,
+    Strategy,
+    key_blocks,
+    routing_key,
+    stable_hash,
+)
+from prefix_routing.presets import get_preset
+
+P5_70B = "p5.48xlarge-llama3.1-70b"
+P5_8B = "p5.48xlarge-llama3.1-8b"  # 8 copies per instance
+
+
+def chain(root: int, n: int, start: int = 0) -> list[int]:
+    """n chained block ids: a shared root then ids unique to `start`."""
+    return [root] + list(range(10_000 + start, 10_000 + start + n - 1))
+
+
+def cfg(**kw) -> FleetConfig:
+    base = dict(instances=4, preset=P5_70B, strategy=Strategy.PREFIX_AWARE, concurrency_threshold=1024)
+    base.update(kw)
+    return FleetConfig(**base)
+
+
+# ---------------------------------------------------------------- keys
+
+
+def test_key_blocks_maps_bytes_to_blocks():
+    # 512-token blocks at 4 bytes per token are 2,048 bytes.
+    assert key_blocks(1024) == 1
+    assert key_blocks(2048) == 1
+    assert key_blocks(2049) == 2
+    assert key_blocks(4096) == 2
+    assert key_blocks(65536) == 32
+    assert key_blocks(4096, bytes_per_token=2) == 4
+    assert key_blocks(4096, block_bytes=1000) == 5
+    # JSON before the prompt eats into the key: 1,024 bytes of it leave nothing of a 1,024 key.
+    assert key_blocks(1024, key_offset_bytes=1024) == 0
+    assert key_blocks(4096, key_offset_bytes=100) == 2
+    assert key_blocks(4196, key_offset_bytes=100) == 2
+    assert key_blocks(4197, key_offset_bytes=100) == 3
+
+
+def test_routing_key_uses_the_chained_id_and_the_prefix_aware_id():
+    assert routing_key([7, 8, 9], 2) == 8
+    assert routing_key([7], 2) == 7  # shorter than the key: its whole prompt
+    assert routing_key([7, 8], 0) is None
+    assert routing_key([7, 8], 1, "tenant-a") == ("tenant-a", 7)
+
+
+def test_stable_hash_is_the_same_in_every_process():
+    # blake2b, not the per-process salted hash(): pinned so a change shows up here.
+    assert stable_hash("tenant-a") == 0x4FBA221BC5E31261
+    assert stable_hash(("a", 1)) == stable_hash(("a", 1))
+    assert stable_hash(5) == 5
+
+
+# ---------------------------------------------------------------- validation
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"prefix_length": 512}, "prefix_length=512: must be an integer from 1024 to 65536"),
+        ({"prefix_length": 70000}, "prefix_length"),
+        ({"concurrency_threshold": 0}, "concurrency_threshold=0"),
+        ({"concurrency_threshold": 1025}, "concurrency_threshold"),
+        ({"copies": 2}, "at most 1 copies per instance"),
+        ({"strategy": "FASTEST"}, "unknown routing strategy 'FASTEST'"),
+        ({"preset": "p9"}, "unknown preset"),
+        ({"cache_tokens": -1}, "cache_tokens"),
+    ],
+)
+def test_bad_configuration_is_a_user_error(kw, message):
+    with pytest.raises(UserError, match=message.replace("(", r"\(")):
+        cfg(**kw)
+
+
+def test_strategy_names_parse_loosely():
+    assert Strategy.parse("prefix-aware") is Strategy.PREFIX_AWARE
+    assert Strategy.parse("lor") is Strategy.LEAST_OUTSTANDING_REQUESTS
+    assert FleetConfig(strategy="KV_AWARE").strategy is Strategy.KV_AWARE
+
+
+# ---------------------------------------------------------------- routing
+
+
+def test_prefix_aware_sends_a_key_to_one_copy_and_ids_apart():
+    fleet = Fleet(cfg(instances=8))
+    homes = {fleet.submit(Request(9000, 10, chain(1, 18, 100)), t).instance for t in range(20)}
+    assert len(homes) == 1  # same first two blocks: same key
+    # Different PrefixAwareIds with identical prompts spread over the instances.
+    tenants = {fleet.submit(Request(9000, 10, chain(1, 18, 100), routing_id=f"t{i}"), 30.0).instance for i in range(40)}
+    assert len(tenants) >= 6
+
+
+def test_prefix_aware_keys_within_the_first_block_pile_onto_one_instance():
+    fleet = Fleet(cfg(instances=8, prefix_length=1024))
+    placed = {fleet.submit(Request(4000, 10, chain(1, 8, 100 * i)), float(i)).instance for i in range(50)}
+    assert len(placed) == 1
+    fleet = Fleet(cfg(instances=8, prefix_length=4096))
+    placed = {fleet.submit(Request(4000, 10, chain(1, 8, 100 * i)), float(i)).instance for i in range(50)}
+    assert len(placed) >= 6
+
+
+def test_spill_goes_to_another_copy_on_the_instance_then_another_instance():
+    # 2 instances × 8 copies, threshold 1: the home copy is busy after one request.
+    fleet = Fleet(cfg(instances=2, preset=P5_8B, concurrency_threshold=1))
+    request = Request(3000, 500, chain(1, 6, 100))
+    first = fleet.submit(request, 0.0)
+    assert not first.spilled
+    placements = [fleet.submit(request, 0.0) for _ in range(15)]
+    same_instance = [p for p in placements[:7]]
+    assert all(p.spilled for p in placements)
+    assert {p.instance for p in same_instance} == {first.instance}
+    assert len({p.copy for p in same_instance} | {first.copy}) == 8
+    assert {p.instance for p in placements[7:]} == {1 - first.instance}
+    assert fleet.spills == 15
+    # Every copy is at the threshold now: the least loaded of all, home first on ties.
+    last = fleet.submit(request, 0.0)
+    assert (last.instance, last.copy) == (first.instance, first.copy) and not last.spilled
+
+
+def test_random_and_least_outstanding_spread_load():
+    for strategy in (Strategy.RANDOM, Strategy.LEAST_OUTSTANDING_REQUESTS):
+        fleet = Fleet(cfg(instances=8, strategy=strategy))
+        for i in range(800):
+            fleet.advance(i * 0.5)
+            fleet.submit(Request(2000, 50, chain(1, 4, 10 * i)), i * 0.5)
+        counts = [row["requests"] for row in fleet.instance_totals()]
+        assert max(counts) / (sum(counts) / 8) < 1.25, (strategy, counts)
+
+
+def test_least_outstanding_picks_the_idle_copy():
+    fleet = Fleet(cfg(instances=4, strategy=Strategy.LEAST_OUTSTANDING_REQUESTS))
+    busy = {fleet.submit(Request(30000, 2000, [i]), 0.0).instance for i in range(4)}
+    assert busy == {0, 1, 2, 3}
+
+
+def test_kv_aware_follows_the_cache():
+    fleet = Fleet(cfg(instances=8, strategy=Strategy.KV_AWARE))
+    home = fleet.submit(Request(12000, 10, chain(1, 24, 1000)), 0.0)
+    fleet.advance(100.0)
+    again = fleet.submit(Request(12500, 10, chain(1, 24, 1000) + [5000]), 100.0)
+    assert (again.instance, again.copy) == (home.instance, home.copy)
+    assert again.cached_tokens == 24 * 512
+
+
+# ---------------------------------------------------------------- caches
+
+
+def test_lru_evicts_tails_first_and_keeps_chains_contiguous():
+    fleet = Fleet(cfg(instances=1, cache_tokens=4 * 512))
+    fleet.submit(Request(4 * 512, 1, [1, 2, 3, 4]), 0.0)
+    fleet.submit(Request(2 * 512, 1, [1, 10]), 1.0)  # touches 1, adds 10: evicts 4 (a tail)
+    cache = fleet._caches[0]
+    assert set(cache) == {1, 2, 3, 10}
+    again = fleet.submit(Request(4 * 512, 1, [1, 2, 3, 4]), 2.0)
+    assert again.cached_tokens == 3 * 512
+
+
+def test_infinite_cache_never_forgets():
+    fleet = Fleet(cfg(instances=1, cache_tokens=math.inf))
+    for i in range(100):
+        fleet.submit(Request(5120, 1, chain(1, 10, 100 * i)), float(i))
+    assert fleet.submit(Request(5120, 1, chain(1, 10, 0)), 200.0).cached_tokens == 5120
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    requests=st.lists(
+        st.tuples(st.integers(0, 5), st.integers(1, 6)), min_size=1, max_size=60
+    ),
+    capacity=st.integers(1, 12),
+)
+def test_cached_blocks_are_always_a_prefix_closed_set(requests, capacity):
+    """With tail-first touching, a block is cached only if its parent is: cached = leading blocks."""
+    fleet = Fleet(cfg(instances=1, cache_tokens=capacity * 512))
+    parent = {}
+    for t, (tree, depth) in enumerate(requests):
+        # A chain in one of 6 trees: ids (tree, 0), (tree, 1), ... so chains of a tree share prefixes.
+        blocks = [tree * 100 + d for d in range(depth)]
+        for d in range(1, depth):
+            parent[blocks[d]] = blocks[d - 1]
+        expected = fleet.cached_prefix_blocks(0, blocks) * 512
+        p = fleet.submit(Request(depth * 512, 1, blocks), float(t))
+        assert p.cached_tokens == expected
+        cache = fleet._caches[0]
+        assert len(cache) <= capacity
+        assert all(b not in parent or parent[b] in cache for b in cache)
+
+
+# ---------------------------------------------------------------- latency and queueing
+
+
+def test_a_cache_hit_shortens_the_time_to_first_token():
+    fleet = Fleet(cfg(instances=1))
+    miss = fleet.submit(Request(9750, 100, chain(1, 20, 100)), 0.0)
+    fleet.advance(100.0)
+    hit = fleet.submit(Request(9750, 100, chain(1, 20, 100)[:16] + [900, 901, 902, 903]), 100.0)
+    assert hit.cached_tokens == 16 * 512
+    assert miss.ttft_s > 0.35 and hit.ttft_s < 0.15
+    assert miss.finish_s == pytest.approx(miss.first_token_s + 99 * miss.per_token_s)
+
+
+def test_prefills_on_one_copy_queue():
+    fleet = Fleet(cfg(instances=1))
+    a = fleet.submit(Request(8000, 10, [1]), 0.0)
+    b = fleet.submit(Request(8000, 10, [2]), 0.0)
+    assert b.ttft_s == pytest.approx(2 * a.ttft_s - fleet._ttft_overhead, rel=0.02)
+
+
+def test_kv_budget_makes_requests_wait_for_a_slot():
+    fleet = Fleet(cfg(instances=1, cache_tokens=10_000))
+    a = fleet.submit(Request(6000, 100, [1]), 0.0)
+    b = fleet.submit(Request(6000, 100, [2]), 0.0)
+    assert b.start_s == pytest.approx(a.finish_s - fleet._ttft_overhead)
+    assert b.queued_s > 0
+
+
+def test_requests_that_cannot_start_within_the_timeout_fail():
+    fleet = Fleet(cfg(instances=1, timeout_s=1.0))
+    placements = [fleet.submit(Request(10000, 10, [i]), 0.0) for i in range(5)]
+    assert not placements[0].timed_out
+    assert placements[-1].timed_out and placements[-1].ttft_s == math.inf
+    assert fleet.timeouts == sum(p.timed_out for p in placements)
+    assert fleet.outstanding() == [5]
+    fleet.advance(1.0)  # the timed-out ones leave at the timeout
+    assert fleet.outstanding()[0] <= 5 - fleet.timeouts
+    fleet.advance(max(p.finish_s for p in placements))
+    assert fleet.outstanding() == [0]
+
+
+def test_advance_and_release_keep_the_in_flight_count():
+    fleet = Fleet(cfg(instances=1))
+    p = fleet.submit(Request(1000, 100, [1]), 0.0)
+    q = fleet.submit(Request(1000, 100, [2]), 0.0)
+    assert fleet.outstanding() == [2]
+    fleet.release(q)
+    assert fleet.outstanding() == [1]
+    assert fleet.advance(p.finish_s) == 1  # p retires; q's entry is skipped, not counted twice
+    fleet.advance(q.finish_s + 1)
+    assert fleet.outstanding() == [0]
+
+
+def test_slowdown_makes_an_instance_slower():
+    fast, slow = Fleet(cfg(instances=1)), Fleet(cfg(instances=1))
+    slow.set_slowdown(0, 3.0)
+    a = fast.submit(Request(8000, 10, [1]), 0.0)
+    b = slow.submit(Request(8000, 10, [1]), 0.0)
+    assert b.ttft_s > 2.5 * a.ttft_s * 0.9
+
+
+def test_submit_and_the_fast_path_agree():
+    config = cfg(instances=4, cache_tokens=20 * 512)
+    a, b = Fleet(config), Fleet(config)
+    for i in range(200):
+        blocks = chain(1, 1 + i % 7, 1000 * (i % 13))
+        now = i * 0.05
+        a.advance(now)
+        b.advance(now)
+        p = a.submit(Request(len(blocks) * 512, 20, blocks), now)
+        r = b._place(b.key_for(Request(0, 0, blocks)), blocks, len(blocks) * 512, 20, now)
+        assert isinstance(p, Placement)
+        assert (p.instance * config.copies + p.copy, p.cached_tokens, p.first_token_s, p.finish_s) == (r[0], r[1], r[2], r[4])
+
+
+@pytest.mark.parametrize("strategy", list(Strategy))
+def test_same_seed_same_placements(strategy):
+    def run(seed):
+        fleet = Fleet(cfg(instances=6, strategy=strategy, seed=seed, concurrency_threshold=2))
+        out = []
+        for i in range(300):
+            now = i * 0.1
+            fleet.advance(now)
+            p = fleet.submit(Request(3000, 200, chain(1, 6, 100 * (i % 37))), now)
+            out.append((p.instance, p.cached_tokens, round(p.ttft_s, 9)))
+        return out
+
+    assert run(1) == run(1)
+    if strategy is not Strategy.LEAST_OUTSTANDING_REQUESTS:
+        assert run(1) != run(2)
+
+
+def test_latency_model_from_preset_is_exposed():
+    lat = Fleet(cfg()).latency
+    assert isinstance(lat, LatencyModel)
+    assert lat.max_num_seqs == get_preset(P5_70B).max_num_seqs

@@ -1,0 +1,223 @@
+"""The analyze / simulate / tune commands: flags, JSON keys, one-line errors with exit status 2."""
+
+import json
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from prefix_routing.__main__ import main
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TRACE = REPO_ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"
+
+needs_trace = pytest.mark.skipif(not TRACE.exists(), reason=f"the Mooncake trace is not at {TRACE}")
+
+
+def run(capsys, *argv):
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exit:  # argparse's own errors (bad flag values)
+        code = exit.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _head(tmp_path, broken: bool) -> Path:
+    if not TRACE.exists():
+        pytest.skip(f"the Mooncake trace is not at {TRACE}")
+    with TRACE.open() as f:
+        lines = [next(f).rstrip("\n") for _ in range(400)]
+    if broken:
+        lines.insert(2, '{"timestamp": 1, "input_length": 5')
+    path = tmp_path / ("broken.jsonl" if broken else "small.jsonl")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def small(tmp_path):
+    """The first 400 requests of the real trace."""
+    return _head(tmp_path, broken=False)
+
+
+@pytest.fixture
+def broken(tmp_path):
+    """The same with one broken line (line 3)."""
+    return _head(tmp_path, broken=True)
+
+
+@needs_trace
+def test_analyze_json(capsys):
+    code, out, err = run(capsys, "analyze", TRACE, "--json")
+    assert code == 0
+    a = json.loads(out)
+    for key in ("requests", "duration_s", "first_block_reuse", "hit_rate_bound", "key_groups"):
+        assert key in a
+    assert a["requests"] == 12_031
+    assert {"blocks", "distinct", "largest_share"} <= set(a["key_groups"][0])
+    assert [(g["blocks"], g["distinct"]) for g in a["key_groups"][:2]] == [(1, 1), (2, 7_373)]
+
+
+@needs_trace
+def test_analyze_text(capsys):
+    code, out, _ = run(capsys, "analyze", TRACE)
+    assert code == 0
+    assert "requests: 12,031 over 3,537 s" in out
+    assert "36.6% of blocks" in out
+    assert "warning: a PrefixLength of 2048 bytes or less" in out
+
+
+def test_simulate_json_keys_and_broken_lines(capsys, broken, tmp_path):
+    code, out, err = run(
+        capsys, "simulate", broken, "--json", "--instances", 4, "--strategy", "RANDOM", "--strategy", "prefix_aware",
+        "--prefix-length", 4096, "--concurrency-threshold", 8, "--cache-tokens", "500k", "--seed", 3,
+        "--out-dir", tmp_path / "plots",
+    )
+    assert code == 0, err
+    result = json.loads(out)
+    assert [r["strategy"] for r in result["results"]] == ["RANDOM", "PREFIX_AWARE"]
+    for r in result["results"]:
+        for key in ("strategy", "hit_rate", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "max_mean_requests", "spills"):
+            assert key in r
+        assert len(r["instance_request_share"]) == 4
+    assert result["fleet"]["cache_tokens"] == 500_000 and result["fleet"]["concurrency_threshold"] == 8
+    assert result["trace"]["requests"] == 400 and result["trace"]["skipped"]["count"] == 1
+    assert f"warning: {broken}:3: invalid JSON line" in err
+    assert "skipped 1 of 401 lines: 1 invalid JSON line" in err
+    assert sorted(Path(p).name for p in result["plots"]) == ["hit_rate_over_time.png", "load_per_instance.png", "ttft_cdf.png"]
+
+
+def test_simulate_text_table(capsys, small):
+    code, out, _ = run(capsys, "simulate", small, "--limit", 200, "--no-plots", "--cache-tokens", "infinite")
+    assert code == 0
+    assert "hit rate (tokens)" in out and "PREFIX_AWARE" in out and "KV_AWARE" in out
+    assert "unbounded" in out
+
+
+def test_simulate_the_long_context_workload(capsys):
+    code, out, err = run(capsys, "simulate", "--workload", "long-context", "--json", "--no-plots", "--strategy", "RANDOM", "--strategy", "PREFIX_AWARE")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["fleet"]["instances"] == 7 and result["fleet"]["concurrency_threshold"] == 10
+    random_, prefix = result["results"]
+    assert prefix["ttft_p50_s"] <= 0.4 * random_["ttft_p50_s"]
+
+
+def test_tune_json(capsys, small, tmp_path):
+    code, out, err = run(
+        capsys, "tune", small, "--json", "--instances", 4, "--prefix-length", 2048, "--prefix-length", 8192,
+        "--concurrency-threshold", 2, "--concurrency-threshold", 64, "--out-dir", tmp_path,
+    )
+    assert code == 0, err
+    result = json.loads(out)
+    assert len(result["points"]) == 4
+    assert {"prefix_length", "concurrency_threshold", "hit_rate", "ttft_p50_s", "max_mean_requests"} <= set(result["recommendation"])
+    assert result["snippet"].startswith("[routing]\nstrategy = \"PREFIX_AWARE\"")
+    assert Path(result["plots"][0]).name == "tune_heatmap.png"
+
+
+def test_tune_text(capsys, small):
+    code, out, _ = run(capsys, "tune", small, "--limit", 200, "--no-plots", "--prefix-length", 4096, "--concurrency-threshold", 16)
+    assert code == 0
+    assert "recommended: PrefixLength 4096" in out
+    assert "prefix_length = 4096" in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["simulate", "/no/such/trace.jsonl"], "trace file not found: /no/such/trace.jsonl"),
+        (["simulate", "{small}", "--strategy", "FASTEST"], "argument --strategy: unknown routing strategy 'FASTEST'; allowed: RANDOM,"),
+        (["analyze", "{small}", "--prefix-length", "100"], "argument --prefix-length: 100: must be from 1024 to 65536"),
+        (["simulate", "--workload", "long-context", "{small}"], "give either TRACE or --workload"),
+        (["simulate", "{small}", "--prefix-length", "512"], "error: argument --prefix-length: 512: must be from 1024 to 65536"),
+        (["simulate", "{small}", "--prefix-length", "70000"], "argument --prefix-length: 70000: must be from 1024 to 65536"),
+        (["tune", "{small}", "--concurrency-threshold", "0"], "argument --concurrency-threshold: 0: must be from 1 to 1024"),
+        (["simulate", "{small}", "--concurrency-threshold", "2000"], "argument --concurrency-threshold: 2000: must be from 1 to 1024"),
+        (["simulate", "{small}", "--cache-tokens", "lots"], "argument --cache-tokens: 'lots': takes a token count"),
+        (["simulate", "{small}", "--preset", "p9"], "unknown preset 'p9'"),
+        (["simulate", "{small}", "--copies", "2"], "at most 1 copies per instance"),
+        (["analyze", "{broken}", "--strict"], "broken.jsonl:3: invalid JSON line"),
+        (["analyze"], "no trace: give a TRACE file"),
+    ],
+)
+def test_bad_input_is_one_line_and_status_2(capsys, small, broken, argv, message):
+    code, out, err = run(capsys, *[a.replace("{small}", str(small)).replace("{broken}", str(broken)) for a in argv])
+    assert code == 2
+    assert out == ""
+    assert err.count("\n") == 1, err
+    assert message in err
+
+
+def test_the_real_process_exits_2_with_one_line(tmp_path):
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [0]}\nnot json\n')
+    proc = subprocess.run(
+        [sys.executable, "-m", "prefix_routing", "analyze", str(broken), "--strict"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr == f"error: {broken}:2: invalid JSON line: invalid JSON (Expecting value at column 1) (--strict)\n"
+
+
+def test_simulate_raw_bodies(capsys, tmp_path):
+    pytest.importorskip("prefix_routing.normalize", reason="prefix_routing.normalize is not there yet")
+    system = "Answer from the manual below. " + "The manual says many things. " * 200
+    path = tmp_path / "bodies.jsonl"
+    with path.open("w") as f:
+        for i in range(60):
+            body = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": f"question {i % 12}"}], "max_tokens": 50}
+            f.write(json.dumps(body) + "\n")
+    code, out, err = run(
+        capsys, "simulate", path, "--json", "--no-plots", "--instances", 4, "--body-block-bytes", 1024, "--body-rate", 5,
+        "--prefix-length", 8192, "--strategy", "RANDOM", "--strategy", "PREFIX_AWARE",
+    )
+    assert code == 0, err
+    random_, prefix = json.loads(out)["results"]
+    assert prefix["hit_rate"] > random_["hit_rate"]
+
+
+def test_preset_list(capsys):
+    code, out, _ = run(capsys, "simulate", "--preset", "list")
+    assert code == 0
+    assert "p5.48xlarge-llama3.1-70b" in out and "(default)" in out
+
+
+def test_analyze_straight_from_cloudwatch(capsys, monkeypatch):
+    boto3 = pytest.importorskip("boto3")
+    moto = pytest.importorskip("moto")
+    from prefix_routing.telemetry import REQUEST_LOG_MESSAGE, LogField
+
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.setenv(key, "testing")
+    with moto.mock_aws():
+        logs = boto3.client("logs", region_name="eu-west-1")
+        logs.create_log_group(logGroupName="/aws/lambda/normalizer")
+        logs.create_log_stream(logGroupName="/aws/lambda/normalizer", logStreamName="s")
+        t0 = int(time.time() * 1000) - 60_000  # CloudWatch keeps no events older than 14 days
+        events = [
+            {
+                "timestamp": t0 + i,
+                "message": json.dumps({
+                    LogField.MESSAGE: REQUEST_LOG_MESSAGE, LogField.TIMESTAMP_MS: t0 + 250 * i,
+                    LogField.BLOCK_HASHES: ["sys", f"conv{i % 5}", f"turn{i}"], LogField.BLOCK_BYTES: 2048,
+                    LogField.PROMPT_TOKENS: 1500, LogField.OUTPUT_TOKENS: 20, LogField.STATUS: 200,
+                }),
+            }
+            for i in range(40)
+        ]
+        logs.put_log_events(logGroupName="/aws/lambda/normalizer", logStreamName="s", logEvents=events)
+        code, out, err = run(
+            capsys, "analyze", "cloudwatch:/aws/lambda/normalizer", "--region", "eu-west-1",
+            "--start", datetime.fromtimestamp(t0 / 1000 - 10, timezone.utc).isoformat(), "--end", str(t0 + 60_000), "--json",
+        )
+    assert code == 0, err
+    a = json.loads(out)
+    assert a["requests"] == 40 and a["source"] == "cloudwatch:/aws/lambda/normalizer"
+    assert a["block_bytes"] == 2048
+    assert {g["blocks"]: g["distinct"] for g in a["key_groups"]}[2] == 5

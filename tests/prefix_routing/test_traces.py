@@ -1,0 +1,245 @@
+"""Trace readers: Mooncake, the normalizer's request log (file and CloudWatch), raw bodies."""
+
+import gzip
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from prefix_routing import traces
+from prefix_routing.errors import UserError
+from prefix_routing.telemetry import REQUEST_LOG_MESSAGE, LogField
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TRACE = REPO_ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"
+
+
+@pytest.fixture(scope="module")
+def mooncake():
+    if not TRACE.exists():
+        pytest.skip(f"the Mooncake trace is not at {TRACE}")
+    return traces.read_mooncake(TRACE)
+
+
+def write(tmp_path, name, lines) -> Path:
+    path = tmp_path / name
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+    return path
+
+
+def mc(ts, n_tokens, ids, out=10):
+    return {"timestamp": ts, "input_length": n_tokens, "output_length": out, "hash_ids": ids}
+
+
+# ---------------------------------------------------------------- Mooncake
+
+
+def test_the_real_trace(mooncake):
+    assert len(mooncake) == 12_031
+    assert round(mooncake.duration_s) == 3_537
+    assert mooncake.skipped.count == 0 and not mooncake.notes
+    assert mooncake.block_tokens == 512 and mooncake.block_bytes is None
+    assert all(len(b) == math.ceil(p / 512) for b, p in zip(mooncake.blocks, mooncake.prompt_tokens))
+    assert mooncake.blocks[0][0] == 0 and mooncake.arrivals[0] == 0.0
+
+
+def test_broken_lines_are_reported_with_their_numbers(tmp_path):
+    path = write(tmp_path, "t.jsonl", [
+        mc(0, 1000, [1, 2]),
+        '{"timestamp": 5, "input_length": ',  # line 2: truncated
+        {"timestamp": 6, "input_length": 10, "output_length": 1},  # line 3: no hash_ids
+        mc(7, 1000, [1]),  # line 4: 1 id for 2 blocks
+        "",  # blank lines are not data
+        mc(8, 600, [1, 3], out=-1),  # line 6: negative output
+        "[1, 2]",  # line 7: not an object
+        mc(9, 600, [1, 3]),
+    ])
+    trace = traces.read_mooncake(path)
+    assert len(trace) == 2 and trace.lines == 7
+    assert trace.skipped.count == 5
+    assert trace.skipped.reasons == {
+        "invalid JSON line": 1,
+        "missing field 'hash_ids'": 1,
+        "'hash_ids' does not match 'input_length'": 1,
+        "bad 'output_length'": 1,
+        "not a JSON object": 1,
+    }
+    assert trace.skipped.examples[0].startswith(f"{path}:2: invalid JSON line")
+    assert any(e.startswith(f"{path}:4: 'hash_ids' does not match") and "expected 2" in e for e in trace.skipped.examples)
+    summary = trace.skipped.summary(trace.lines)
+    assert summary.startswith("skipped 5 of 7 lines: ")
+
+
+def test_strict_fails_on_the_first_broken_line(tmp_path):
+    path = write(tmp_path, "t.jsonl", [mc(0, 1000, [1, 2]), "{oops"])
+    with pytest.raises(UserError, match=r"t\.jsonl:2: invalid JSON line.*--strict"):
+        traces.read_mooncake(path, strict=True)
+
+
+def test_missing_empty_and_unreadable_files(tmp_path):
+    with pytest.raises(UserError, match="trace file not found"):
+        traces.read_mooncake(tmp_path / "nope.jsonl")
+    with pytest.raises(UserError, match="is a directory"):
+        traces.read_mooncake(tmp_path)
+    empty = write(tmp_path, "empty.jsonl", [])
+    with pytest.raises(UserError, match="no requests found"):
+        traces.read_mooncake(empty)
+    garbage = write(tmp_path, "garbage.jsonl", ["not json", "still not"])
+    with pytest.raises(UserError, match=r"no requests found \(skipped 2 of 2 lines: 2 invalid JSON line\)"):
+        traces.read_mooncake(garbage)
+
+
+def test_gzip_and_out_of_order_times(tmp_path):
+    path = tmp_path / "t.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        for row in (mc(3000, 10, [5]), mc(1000, 10, [6]), mc(2000, 10, [7])):
+            f.write(json.dumps(row) + "\n")
+    trace = traces.read_mooncake(path)
+    assert trace.arrivals == [0.0, 1.0, 2.0]
+    assert [b[0] for b in trace.blocks] == [6, 7, 5]
+    assert trace.notes == ["requests were not in arrival order; sorted by time"]
+
+
+def test_replay_shifts_ids_and_times(tmp_path):
+    trace = traces.read_mooncake(write(tmp_path, "t.jsonl", [mc(0, 600, [0, 1]), mc(1000, 600, [0, 2])]))
+    twice = trace.replay(3)
+    assert len(twice) == 6
+    assert twice.arrivals == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert twice.blocks[2] == [3, 4] and twice.blocks[5] == [6, 8]
+    assert trace.head(1).prompt_tokens == [600]
+
+
+def test_format_is_sniffed(tmp_path, mooncake):
+    assert traces.sniff_format(TRACE) == "mooncake"
+    log = write(tmp_path, "log.jsonl", ["START RequestId: 1", {LogField.MESSAGE: REQUEST_LOG_MESSAGE}])
+    assert traces.sniff_format(log) == "log"
+    bodies = write(tmp_path, "bodies.jsonl", [{"messages": [{"role": "user", "content": "hi"}]}])
+    assert traces.sniff_format(bodies) == "bodies"
+    with pytest.raises(UserError, match="unknown trace format"):
+        traces.load_trace(log, "csv")
+
+
+# ---------------------------------------------------------------- the normalizer's log
+
+
+def log_line(ts_ms, hashes, prompt=1000, output=50, **extra):
+    line = {
+        LogField.MESSAGE: REQUEST_LOG_MESSAGE,
+        LogField.TIMESTAMP_MS: ts_ms,
+        LogField.BLOCK_HASHES: hashes,
+        LogField.BLOCK_BYTES: 2048,
+        LogField.PROMPT_TOKENS: prompt,
+        LogField.OUTPUT_TOKENS: output,
+        LogField.STATUS: 200,
+    }
+    line.update(extra)
+    return line
+
+
+def test_request_log_file(tmp_path):
+    t0 = 1_764_500_000_000
+    path = write(tmp_path, "log.jsonl", [
+        "START RequestId: abc Version: $LATEST",
+        log_line(t0, ["aa", "bb"], **{LogField.ROUTING_ID: "pa-tenant1"}),
+        {LogField.MESSAGE: "cold start", "level": "INFO"},
+        log_line(t0 + 1500, ["aa", "cc"]),
+        log_line(t0 + 2000, ["aa"], **{LogField.STATUS: 400}),
+        '{"message": "' + REQUEST_LOG_MESSAGE + '", "request_ts_ms": 1',  # broken request line (6)
+        log_line(t0 + 3000, ["aa"], **{LogField.BLOCK_BYTES: 1024}),  # line 7: other block size
+        {k: v for k, v in log_line(t0 + 4000, ["aa", "dd"]).items() if k != LogField.PROMPT_TOKENS} | {LogField.BODY_BYTES: 4096},
+    ])
+    trace = traces.read_request_log(path)
+    assert len(trace) == 3
+    assert trace.arrivals == [0.0, 1.5, 4.0]
+    assert trace.blocks == [[0, 1], [0, 2], [0, 3]]  # hashes interned; shared "aa" is one id
+    assert trace.prompt_tokens == [1000, 1000, 1024]  # the last estimated from 4,096 bytes
+    assert trace.block_bytes == 2048 and trace.block_tokens == 512
+    assert trace.routing_ids == ["pa-tenant1", None, None]
+    assert trace.skipped.count == 2
+    assert any(e.startswith(f"{path}:6: broken request log line") for e in trace.skipped.examples)
+    assert any(e.startswith(f"{path}:7: 'block_bytes' differs") for e in trace.skipped.examples)
+    assert trace.skipped.ignored == {
+        "lines that are not JSON (runtime lines)": 1,
+        f"lines whose message is not {REQUEST_LOG_MESSAGE!r}": 1,
+        "failed requests (status 4xx)": 1,
+    }
+    assert "estimated from body bytes" in trace.notes[0]
+    with pytest.raises(UserError, match=r"log\.jsonl:6: broken request log line"):
+        traces.read_request_log(path, strict=True)
+
+
+def test_request_log_with_only_other_lines_is_an_error(tmp_path):
+    path = write(tmp_path, "log.jsonl", ["START RequestId: 1", {LogField.MESSAGE: "hello"}])
+    with pytest.raises(UserError, match="no requests found.*ignored"):
+        traces.read_request_log(path)
+
+
+@pytest.fixture
+def aws_env(monkeypatch):
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(key, value)
+
+
+def test_cloudwatch_logs_through_moto(aws_env):
+    boto3 = pytest.importorskip("boto3")
+    moto = pytest.importorskip("moto")
+    with moto.mock_aws():
+        client = boto3.client("logs", region_name="us-east-1")
+        client.create_log_group(logGroupName="/aws/lambda/normalizer")
+        client.create_log_stream(logGroupName="/aws/lambda/normalizer", logStreamName="2026/11/30/[$LATEST]abc")
+        now = int(time.time() * 1000)
+        events = [{"timestamp": now, "message": "START RequestId: 1 Version: $LATEST"}]
+        for i in range(120):  # more than one page is not needed by moto, but many events are
+            events.append({"timestamp": now + i, "message": json.dumps(log_line(now + 10 * i, ["r", f"x{i % 7}"]))})
+        events.append({"timestamp": now + 200, "message": '{"message": "' + REQUEST_LOG_MESSAGE + '", broken'})
+        client.put_log_events(logGroupName="/aws/lambda/normalizer", logStreamName="2026/11/30/[$LATEST]abc", logEvents=events)
+        trace = traces.read_cloudwatch("/aws/lambda/normalizer", now - 1000, now + 1000, client=client)
+        assert len(trace) == 120
+        assert trace.source == "cloudwatch:/aws/lambda/normalizer"
+        assert trace.blocks[0][0] == trace.blocks[50][0]
+        assert trace.skipped.count == 1 and "broken request log line" in trace.skipped.examples[0]
+        assert "event" in trace.skipped.examples[0]
+        with pytest.raises(UserError, match="ResourceNotFoundException"):
+            traces.read_cloudwatch("/missing", now - 1000, now + 1000, client=client)
+
+
+# ---------------------------------------------------------------- raw bodies, through the normalizer
+
+
+def test_raw_bodies_are_normalized(tmp_path):
+    normalize = pytest.importorskip("prefix_routing.normalize", reason="prefix_routing.normalize is not there yet")
+    system = "You are a careful assistant for the lab. " * 60  # ~2.5 KB shared system prompt
+    bodies = [
+        {"messages": [{"role": "system", "content": system}, {"role": "user", "content": "first question"}], "max_tokens": 64},
+        # The same system prompt with the keys in another order and parameters first: the
+        # normalizer gives it the same leading bytes, so the same leading blocks.
+        {"max_tokens": 32, "messages": [{"content": system, "role": "system"}, {"role": "user", "content": "second"}]},
+        "not json at all",
+        {"no_prompt": True},
+        {"prompt": "short", "parameters": {"max_new_tokens": 7}},
+    ]
+    path = tmp_path / "bodies.jsonl"
+    path.write_text("".join((b if isinstance(b, str) else json.dumps(b, indent=None)) + "\n" for b in bodies))
+    trace = traces.read_bodies(path, block_bytes=512, rate=2.0)
+    assert len(trace) == 3
+    assert trace.arrivals == [0.0, 0.5, 1.0]
+    assert trace.output_tokens == [64, 32, 7]
+    assert trace.block_bytes == 512 and trace.block_tokens == 128
+    first, second, short = trace.blocks
+    shared = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)
+    assert shared >= 4  # the system prompt's blocks are common
+    assert len(short) == 1  # shorter than a block: one id of the whole body
+    assert trace.skipped.reasons == {"invalid JSON line": 1, "rejected by the normalizer": 1}
+    assert any(e.startswith(f"{path}:4: rejected by the normalizer: NormalizationError") for e in trace.skipped.examples)
+    with pytest.raises(UserError, match=r"bodies\.jsonl:3: invalid JSON line"):
+        traces.read_bodies(path, strict=True)
+    assert traces.load_trace(path, "auto", block_bytes=512).blocks == trace.blocks  # sniffed as bodies
+    settings = normalize.NormalizerSettings(block_bytes=1024)
+    assert traces.read_bodies(path, settings=settings).block_bytes == 1024
