@@ -18,6 +18,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from prefix_routing.presets import INSTANCES
+
 # PREFIX_ROUTING_CONFIG_DIR points synth at another folder of stage files (tests use it).
 CONFIG_DIR = Path(os.environ.get("PREFIX_ROUTING_CONFIG_DIR") or Path(__file__).resolve().parent.parent / "config")
 DEFAULT_STAGE = "default"
@@ -25,20 +27,9 @@ DEFAULT_STAGE = "default"
 ROUTING_STRATEGIES = ("RANDOM", "LEAST_OUTSTANDING_REQUESTS", "PREFIX_AWARE")
 PUBLISH_FREQUENCIES = (10, 30, 60, 120, 180, 240, 300)
 
-# Accelerators and host memory of the instance types we know (fleet-presets.md, AWS instance pages).
-# Other ml.* types are accepted with a warning; their copy packing is then not checked at synth.
-INSTANCE_TYPES: dict[str, tuple[int, int]] = {  # type -> (GPUs, host memory MiB)
-    "ml.g5.12xlarge": (4, 192 * 1024),
-    "ml.g5.48xlarge": (8, 768 * 1024),
-    "ml.g6e.xlarge": (1, 32 * 1024),
-    "ml.g6e.2xlarge": (1, 64 * 1024),
-    "ml.g6e.12xlarge": (4, 384 * 1024),
-    "ml.g6e.48xlarge": (8, 1536 * 1024),
-    "ml.p4d.24xlarge": (8, 1152 * 1024),
-    "ml.p4de.24xlarge": (8, 1152 * 1024),
-    "ml.p5.48xlarge": (8, 2048 * 1024),
-    "ml.p5e.48xlarge": (8, 2048 * 1024),
-}
+# Accelerators and host memory of the instance types we know come from the lab's instance table
+# (presets.INSTANCES). Other ml.* types are accepted with a warning; their copy packing is then
+# not checked at synth.
 
 _NAME = r"^[a-zA-Z0-9](-*[a-zA-Z0-9])*$"  # SageMaker resource names and our stage names
 
@@ -197,9 +188,9 @@ class StageConfig(_Section):
 
     @model_validator(mode="after")
     def _cross_section(self) -> "StageConfig":
-        known = INSTANCE_TYPES.get(self.endpoint.instance_type)
+        known = INSTANCES.get(self.endpoint.instance_type)
         if known:
-            gpus, memory_mb = known
+            gpus, memory_mb = known.gpus, known.host_memory_gib * 1024
             if self.model.accelerators_per_copy > gpus:
                 raise ValueError(
                     f"model.accelerators_per_copy ({self.model.accelerators_per_copy}) exceeds the "
@@ -237,14 +228,15 @@ class StageConfig(_Section):
 
     @property
     def copies_per_instance(self) -> int:
-        gpus = INSTANCE_TYPES.get(self.endpoint.instance_type, (self.model.accelerators_per_copy, 0))[0]
+        known = INSTANCES.get(self.endpoint.instance_type)
+        gpus = known.gpus if known else self.model.accelerators_per_copy
         return max(1, gpus // self.model.accelerators_per_copy)
 
     @property
     def warnings(self) -> list[str]:
         """Legal settings that probably do not do what was meant."""
         found = []
-        if self.endpoint.instance_type not in INSTANCE_TYPES:
+        if self.endpoint.instance_type not in INSTANCES:
             found.append(
                 f"endpoint.instance_type {self.endpoint.instance_type!r} is not in the known table; "
                 "accelerator and memory fit are not checked"

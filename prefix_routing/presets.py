@@ -71,6 +71,7 @@ INSTANCES = {
     i.name: i
     for i in (
         Instance("ml.g6e.xlarge", L40S, 1, 32, 4),
+        Instance("ml.g6e.2xlarge", L40S, 1, 64, 8),
         Instance("ml.g6e.12xlarge", L40S, 4, 384, 48),
         Instance("ml.g6e.48xlarge", L40S, 8, 1536, 192),
         Instance("ml.p4d.24xlarge", A100_40, 8, 1152, 96),
