@@ -7,10 +7,12 @@ has cached, and when each token comes out (``fleet.Placement``); the backend the
 answer on that schedule, ``speed`` times faster than the modelled GPUs. One model, two clocks: the
 lab runs it in simulated time.
 
-What SageMaker would key on is what the emulator keys on: the first ``PrefixLength`` bytes of the
-body as it arrives, plus the ``X-Amzn-SageMaker-Prefix-Aware-Id`` header. KV-cache blocks are
-chained hashes of 64-byte blocks of the body (16 tokens at 4 bytes per token, vLLM's block size), so
-two bodies share cached blocks exactly as far as they share leading bytes.
+Routing sees what SageMaker sees: the first ``PrefixLength`` bytes of the body as it arrives, plus
+the ``X-Amzn-SageMaker-Prefix-Aware-Id`` header. The KV cache sees what the engine sees: the prompt
+text (messages laid out in order, salted with the body's ``cache_salt``), in chained hashes of
+64-byte blocks (16 tokens at 4 bytes per token, vLLM's block size). So JSON key order or
+indentation scatter routing but do not change cached tokens, while CRLF, NFD or trailing spaces in
+the text change both, as on a real endpoint.
 
 Settings come from the same stage configuration the stacks deploy: strategy, PrefixLength,
 ConcurrencyThreshold, instance type and the maximum instance count, copies per instance, and the
@@ -41,7 +43,7 @@ from prefix_routing.runtime_server import (
 )
 
 BYTES_PER_TOKEN = 4.0
-BLOCK_BYTES = 64  # 16 tokens: vLLM's KV block
+BLOCK_BYTES = 64  # 16 tokens: vLLM's KV block (and the size of a SHA-512 digest, the salt block)
 
 
 def preset_for_stage(config: StageConfig) -> Preset:
@@ -162,13 +164,14 @@ class FleetBackend:
         chat = parse_chat_request(request, default_max_tokens=16)
         if isinstance(chat, ErrorReply):
             return chat
-        body = request.body
-        prompt_tokens = max(1, math.ceil(len(body) / BYTES_PER_TOKEN))
-        key = hashlib.sha256(body[: self.config.prefix_length]).digest()
+        prompt = chat.prompt_text.encode("utf-8")
+        prompt_tokens = max(1, math.ceil(len(prompt) / BYTES_PER_TOKEN))
+        key = hashlib.sha256(request.body[: self.config.prefix_length]).digest()
+        salt = hashlib.sha512(chat.cache_salt.encode("utf-8")).digest()  # 64 bytes: exactly one block
         fleet_request = Request(
             prompt_tokens=prompt_tokens,
             output_tokens=chat.n_out,
-            blocks=block_hashes(body, BLOCK_BYTES),
+            blocks=block_hashes(salt + prompt, BLOCK_BYTES)[1:],  # the salt block only seeds the chain
             routing_id=request.headers.prefix_aware_id or None,
             key=key,
         )

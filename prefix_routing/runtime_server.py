@@ -1147,6 +1147,7 @@ class ChatRequest:
     """What a model backend needs from a chat, completions or LMI body."""
 
     body: dict[str, Any]
+    prompt_text: str  # all prompt text in order, as a chat template would lay it out ("role: content")
     prompt_words: list[str]  # whitespace-separated words of all prompt text: the stand-in for tokens
     out_words: list[str]  # the answer: the last user turn's words, repeated to n_out
     n_out: int
@@ -1175,6 +1176,7 @@ def parse_chat_request(request: RuntimeRequest, *, default_max_tokens: int) -> C
     words = _WORD_RE.findall(last_user) or ["ok"]
     return ChatRequest(
         body=body,
+        prompt_text=everything,
         prompt_words=_WORD_RE.findall(everything),
         out_words=[words[i % len(words)] for i in range(n_out)],
         n_out=n_out,

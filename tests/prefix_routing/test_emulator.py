@@ -188,3 +188,44 @@ def test_cli_serves_then_stops_by_itself():
         cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "emulating default-prefix-llm / default-prefix-llm-ic (PREFIX_AWARE) at http://127.0.0.1:" in result.stderr
+
+
+def _one_copy_stage():
+    data = json.loads(json.dumps(DEFAULT_STAGE_DATA))
+    data["endpoint"].update(instances_max=1, copies_max=1)
+    return parse_stage(data, source="test")
+
+
+def test_json_layout_changes_routing_bytes_but_not_cached_tokens():
+    config = _one_copy_stage()
+    server = start_emulator(config, speed=50.0)
+    try:
+        client = _client(server)
+        compact = _body("What is the refund window?")
+        relaid = json.dumps({"stream": True, "max_tokens": 4, "messages": json.loads(compact)["messages"]},
+                            indent=2).encode()
+        _stream(client, config, compact)
+        usage = _stream(client, config, relaid)[1][-1]["usage"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] > 0.9 * usage["prompt_tokens"]
+        crlf = compact.replace(b". ", b".\\r\\n")  # the text itself changes: tokens change
+        usage = _stream(client, config, crlf)[1][-1]["usage"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] < 0.1 * usage["prompt_tokens"]
+    finally:
+        server.stop()
+
+
+def test_cache_salt_isolates_tenants_on_the_same_copy():
+    config = _one_copy_stage()
+    server = start_emulator(config, speed=50.0)
+    try:
+        client = _client(server)
+
+        def salted(salt):
+            body = json.loads(_body("Same question"))
+            return json.dumps({"cache_salt": salt, **body}).encode()
+
+        cached = [_stream(client, config, salted(s))[1][-1]["usage"]["prompt_tokens_details"]["cached_tokens"]
+                  for s in ("tenant-1", "tenant-2", "tenant-1")]
+        assert cached[0] == 0 and cached[1] == 0 and cached[2] > 1000
+    finally:
+        server.stop()
