@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 STAGE ?= default
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION = 20
 
-.PHONY: install synth synth-all test bench clean
+.PHONY: install synth synth-all test bench demo clean
 
 install: .install-stamp
 
@@ -39,6 +39,10 @@ test: install
 bench: install
 	$(PY) bench/bench_normalize.py
 	$(PY) bench/bench_simulate.py
+
+# RANDOM vs PREFIX_AWARE, careless vs normalized clients, through the emulator (about 2 minutes).
+demo: install
+	$(PY) -m prefix_routing demo
 
 clean:
 	rm -rf cdk.out build .install-stamp

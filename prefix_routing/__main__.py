@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "tune": "tune",
     "emulate": "emulate",
     "loadtest": "loadtest",
+    "demo": "demo",
 }
 
 

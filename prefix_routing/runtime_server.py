@@ -1197,10 +1197,13 @@ def chat_response(
     model: str = "echo",
     variant: str | None = None,
     on_close: Callable[[], None] | None = None,
+    tokens_per_chunk: int = 1,
 ) -> BackendResponse:
-    """An OpenAI chat-completion answer: streamed chunks (``wait(i)`` before chunk ``i``) ending with
-    a usage chunk (and ``[DONE]`` in SSE), or one JSON object after ``whole_delay`` seconds.
-    ``on_close`` runs when the server stops pulling, finished or not."""
+    """An OpenAI chat-completion answer: streamed chunks ending with a usage chunk (and ``[DONE]``
+    in SSE), or one JSON object after ``whole_delay`` seconds. ``wait(i)`` runs before the chunk
+    whose first token is token ``i``; ``tokens_per_chunk`` > 1 groups tokens (the first chunk always
+    carries the first token alone, so time to first token is unchanged). ``on_close`` runs when the
+    server stops pulling, finished or not."""
     usage = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": chat.n_out,
@@ -1218,14 +1221,20 @@ def chat_response(
             return sse_event(obj)
         return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
 
+    def groups() -> Iterator[tuple[int, str]]:
+        words = chat.out_words
+        yield 0, words[0]
+        for start in range(1, len(words), tokens_per_chunk):
+            yield start, "".join(" " + w for w in words[start : start + tokens_per_chunk])
+
     def streamed() -> Iterator[bytes]:
         try:
-            for i, word in enumerate(chat.out_words):
+            for i, text in groups():
                 wait(i)
-                delta: dict[str, Any] = {"content": word if i == 0 else " " + word}
+                delta: dict[str, Any] = {"content": text}
                 if i == 0:
                     delta = {"role": "assistant", **delta}
-                finish = chat.finish if i == len(chat.out_words) - 1 else None
+                finish = chat.finish if i + (1 if i == 0 else tokens_per_chunk) >= len(chat.out_words) else None
                 yield frame({**head, "object": "chat.completion.chunk",
                              "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
             yield frame({**head, "object": "chat.completion.chunk", "choices": [], "usage": usage})

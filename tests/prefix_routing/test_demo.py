@@ -1,0 +1,42 @@
+"""A small demo run: the direction of the published result, and normalization's share in it."""
+
+import pytest
+
+from prefix_routing.demo import _toml, long_context_workload_for_demo, render_table, run_case, _stage
+from prefix_routing.config import parse_stage
+import tomllib
+
+
+def test_stage_round_trips_through_toml():
+    stage = _stage("ml.p5.48xlarge", 7, strategy="PREFIX_AWARE", prefix_length=4096, threshold=10)
+    assert parse_stage(tomllib.loads(_toml(stage.model_dump(mode="json"))), source="t") == stage
+
+
+@pytest.fixture(scope="module")
+def long_context_results():
+    results = {}
+    for strategy in ("RANDOM", "PREFIX_AWARE"):
+        workload = long_context_workload_for_demo(150, 20.0, strategy, seed=0)
+        for client in ("varied", "normalized"):
+            results[strategy, client] = run_case(workload, client, concurrency=16, seed=0)
+    return results
+
+
+def test_every_request_is_served(long_context_results):
+    for result in long_context_results.values():
+        assert result.sent == result.succeeded == 150
+
+
+def test_prefix_aware_with_normalization_beats_random(long_context_results):
+    prefix = long_context_results["PREFIX_AWARE", "normalized"]
+    random = long_context_results["RANDOM", "normalized"]
+    assert prefix.hit_rate > random.hit_rate + 0.2
+    assert prefix.ttft_p50_ms < 0.6 * random.ttft_p50_ms
+
+
+def test_normalization_recovers_what_client_variation_destroys(long_context_results):
+    varied = long_context_results["PREFIX_AWARE", "varied"]
+    normalized = long_context_results["PREFIX_AWARE", "normalized"]
+    assert normalized.hit_rate > varied.hit_rate + 0.2
+    table = render_table(list(long_context_results.values()))
+    assert table.count("\n") == 2 + 4 and "PREFIX_AWARE | normalized | 150 / 150" in table
