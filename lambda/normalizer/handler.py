@@ -1,15 +1,126 @@
-"""The normalizer Lambda's entry point. Until the normalizer lands (issue 3) it answers 501."""
+"""The normalizer Lambda's entry points: thin, the logic is in ``prefix_routing.invoke``.
+
+How responses stream. The Python managed runtime has no native response streaming (only Node.js
+has it), so the function runs the AWS Lambda Web Adapter (LWA) as a layer: the layer's
+``/opt/bootstrap`` (``AWS_LAMBDA_EXEC_WRAPPER``) executes the function's handler, ``run.sh``, which
+starts ``server.py``: a standard-library ``http.server.ThreadingHTTPServer`` on 127.0.0.1:8080 (no
+web framework, no new dependency). LWA turns each invocation into an HTTP request to it and, with
+``AWS_LWA_INVOKE_MODE=response_stream`` and the Function URL's ``InvokeMode: RESPONSE_STREAM``,
+passes the chunked answer on to the caller as it is written: every ``PayloadPart`` of
+``InvokeEndpointWithResponseStream`` reaches the caller as it arrives. We chose LWA over a custom
+runtime (one would have to speak the Lambda runtime API's streaming protocol ourselves) and over an
+ASGI app (it would need a server and a framework in the asset, for one route); ``http.server`` is
+enough for LWA's one connection.
+
+- HTTP requests (Function URL with IAM auth): LWA puts the event's request context (who signed the
+  request) in the ``x-amzn-request-context`` header, overwriting any value the client sent; the
+  tenant is read from there. The status line is held back until the first token (or an error) is
+  known, so throttling, model errors and timeouts before the first byte get proper 429/502/503/504
+  answers; later failures are reported in-band (see ``prefix_routing.invoke``).
+- Direct invocations (``lambda:InvokeFunction`` with ``{"body": {...}, "tenant": "..."}``): LWA
+  passes non-HTTP events through as ``POST /events`` (``AWS_LWA_PASS_THROUGH_PATH``) with the
+  request context ``null``; the app answers with :func:`handle_event`'s buffered JSON. In
+  ``response_stream`` mode LWA puts its HTTP metadata prelude (a JSON object and 8 zero bytes) in
+  front of that payload; ``prefix_routing.invoke.decode_direct_payload`` strips it.
+- :func:`handler` is a plain ``handler(event, context)`` for the same events without LWA (tests, or a
+  deployment with the plain Python runtime and a ``BUFFERED`` Function URL): HTTP events get the
+  proxy-integration result, direct invocations the JSON answer.
+
+Cold start: the runtime and Secrets Manager clients and the tenant key (``GetSecretValue`` on the
+secret named by ``TENANT_KEY_SECRET_ARN``, once per execution environment) are set up by
+:func:`get_invoker`, which ``server.py`` calls before it starts listening, that is during the
+function's init phase (LWA's readiness check waits for it). Metrics are written in the Embedded
+Metric Format by ``prefix_routing.invoke`` itself (see ``emf_document`` for why not Powertools).
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import threading
+from typing import Any
+
+import boto3
+from botocore.config import Config
+
+from prefix_routing import invoke
+
+_LOCK = threading.Lock()
+_INVOKER: invoke.Invoker | None = None
 
 
-def handler(event: dict, context: object) -> dict:
-    return {
-        "statusCode": 501,
-        "headers": {"content-type": "application/json"},
-        "body": json.dumps(
-            {"error": "not_implemented", "message": "the normalizer is not deployed in this version yet"}
-        ),
-    }
+def _runtime_client_config() -> Config:
+    read_timeout = float(os.environ.get("UPSTREAM_READ_TIMEOUT_S") or 65)
+    return Config(
+        retries={"total_max_attempts": 1},  # the invoker retries, and only before the first byte
+        connect_timeout=float(os.environ.get("UPSTREAM_CONNECT_TIMEOUT_S") or 5),
+        read_timeout=read_timeout,
+        tcp_keepalive=True,
+        max_pool_connections=int(os.environ.get("UPSTREAM_POOL_CONNECTIONS") or 16),
+    )
+
+
+def _build_invoker() -> invoke.Invoker:
+    config = invoke.InvokeConfig.from_env()
+    session = boto3.session.Session()
+    runtime = session.client("sagemaker-runtime", config=_runtime_client_config())
+    secrets = session.client("secretsmanager", config=Config(retries={"mode": "standard", "max_attempts": 3}))
+    key = invoke.load_tenant_key(secrets, os.environ.get("TENANT_KEY_SECRET_ARN", ""))
+    return invoke.Invoker(runtime, config, key)
+
+
+def get_invoker() -> invoke.Invoker:
+    """The execution environment's invoker, built once (clients, configuration, tenant key)."""
+    global _INVOKER
+    if _INVOKER is None:
+        with _LOCK:
+            if _INVOKER is None:
+                _INVOKER = _build_invoker()
+    return _INVOKER
+
+
+def configure(invoker: invoke.Invoker | None) -> None:
+    """Use this invoker (tests); ``None`` builds one from the environment on the next request."""
+    global _INVOKER
+    with _LOCK:
+        _INVOKER = invoker
+
+
+def _configuration_failure(error: Exception) -> invoke.Buffered:
+    # ConfigurationError messages name the variable, never a secret; other errors by type and code only.
+    detail = str(error) if isinstance(error, invoke.ConfigurationError) else type(error).__name__
+    response = getattr(error, "response", None)
+    code = (response.get("Error") or {}).get("Code") if isinstance(response, dict) else None
+    print(json.dumps({"message": "prefix_routing.configuration_error", "error": detail, "code": code}), flush=True)
+    body = {"error": {"code": "configuration", "message": "the front door is misconfigured", "status": 500}}
+    return invoke.Buffered(500, dict(invoke.JSON_HEADERS), body)
+
+
+def handle_request(request: invoke.FrontRequest) -> invoke.Buffered:
+    """The buffered answer to one request."""
+    try:
+        invoker = get_invoker()
+    except Exception as error:  # noqa: BLE001 - answered as a 500 and logged
+        return _configuration_failure(error)
+    return invoker.buffered(request)
+
+
+def handle_event(event: Any, context: Any = None) -> dict[str, Any]:
+    """A direct invocation's result: ``{"statusCode", "headers", "body": <JSON object>}``."""
+    request = invoke.request_from_event(event, context)
+    answer = handle_request(request)
+    return {"statusCode": answer.status, "headers": answer.headers, "body": answer.body}
+
+
+def handler(event: Any, context: Any = None) -> dict[str, Any]:
+    """Plain Lambda handler (buffered): Function URL / API Gateway events or direct invocations."""
+    request = invoke.request_from_event(event, context)
+    answer = handle_request(request)
+    if request.source == "http":
+        return {
+            "statusCode": answer.status,
+            "headers": answer.headers,
+            "body": answer.body_bytes().decode("utf-8"),
+            "isBase64Encoded": False,
+        }
+    return {"statusCode": answer.status, "headers": answer.headers, "body": answer.body}

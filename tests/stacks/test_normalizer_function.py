@@ -1,4 +1,10 @@
+import os
+import stat
+from pathlib import Path
+
 from prefix_routing.config import load_stage
+from prefix_routing.invoke import InvokeConfig
+from stacks.constructs.normalizer_function import LWA_LAYER_NAME, LWA_LAYER_VERSION
 
 
 def _policy_statements(template):
@@ -53,12 +59,67 @@ def test_no_wildcard_action_anywhere(default_templates):
 
 def test_asset_carries_the_handler_and_the_stdlib_library(default_stage):
     stacks, _ = default_stage
-    from pathlib import Path
 
     asset_dirs = [p for p in Path(stacks.normalizer.node.root.outdir).glob("asset.*") if p.is_dir()]
     assert asset_dirs
     contents = {p.relative_to(asset_dirs[0]).as_posix() for p in asset_dirs[0].rglob("*.py")}
     assert "handler.py" in contents
+    assert "server.py" in contents
     assert "prefix_routing/telemetry.py" in contents
+    assert "prefix_routing/invoke.py" in contents and "prefix_routing/normalize.py" in contents
     assert "prefix_routing/config.py" not in contents  # pydantic-based, synth only
+    assert not any(c.startswith(("prefix_routing/runtime_server", "prefix_routing/lab")) for c in contents)
     assert any(c.startswith("aws_lambda_powertools/") for c in contents)
+    run = asset_dirs[0] / "run.sh"
+    assert run.is_file() and os.stat(run).st_mode & stat.S_IXUSR  # Lambda executes the handler
+    assert "server.py" in run.read_text()
+
+
+def _function(template):
+    (function,) = template.find_resources("AWS::Lambda::Function").values()
+    return function["Properties"]
+
+
+def test_function_runs_the_web_adapter_and_streams(default_templates):
+    template = default_templates["normalizer"]
+    properties = _function(template)
+    assert properties["Handler"] == "run.sh"
+    (layer,) = properties["Layers"]
+    joined = "".join(part if isinstance(part, str) else "" for part in layer["Fn::Join"][1])
+    assert joined.endswith(f":753240598075:layer:{LWA_LAYER_NAME}:{LWA_LAYER_VERSION}")
+    assert LWA_LAYER_NAME.endswith("Arm64") and properties["Architectures"] == ["arm64"]
+    env = properties["Environment"]["Variables"]
+    assert env["AWS_LAMBDA_EXEC_WRAPPER"] == "/opt/bootstrap"
+    assert env["AWS_LWA_INVOKE_MODE"] == "response_stream"
+    assert env["AWS_LWA_PORT"] == "8080"
+    assert env["AWS_LWA_READINESS_CHECK_PATH"] == "/healthz"
+    assert env["AWS_LWA_PASS_THROUGH_PATH"] == "/events"
+    template.has_resource_properties("AWS::Lambda::Url", {"AuthType": "AWS_IAM", "InvokeMode": "RESPONSE_STREAM"})
+    assert int(env["REQUEST_TIMEOUT_S"]) < properties["Timeout"]
+    assert int(env["UPSTREAM_READ_TIMEOUT_S"]) <= int(env["REQUEST_TIMEOUT_S"])
+
+
+def test_environment_is_what_the_handler_reads(default_templates):
+    env = _function(default_templates["normalizer"])["Environment"]["Variables"]
+    resolved = {name: value if isinstance(value, str) else "token" for name, value in env.items()}
+    config = InvokeConfig.from_env(resolved)
+    stage = load_stage()
+    assert (config.endpoint_name, config.component_name) == (stage.endpoint_name, stage.component_name)
+    assert config.settings.prefix_length == stage.routing.prefix_length
+    assert config.settings.block_bytes == stage.normalizer.block_bytes
+    assert config.tenancy == stage.normalizer.tenancy
+
+
+def test_tenant_key_is_a_generated_secret_only_the_function_reads(default_templates):
+    template = default_templates["normalizer"]
+    secrets = template.find_resources("AWS::SecretsManager::Secret")
+    assert len(secrets) == 1
+    ((secret_id, secret),) = secrets.items()
+    assert "GenerateSecretString" in secret["Properties"] and "SecretString" not in secret["Properties"]
+    assert secret["Properties"]["GenerateSecretString"]["PasswordLength"] >= 32
+    env = _function(template)["Environment"]["Variables"]
+    assert env["TENANT_KEY_SECRET_ARN"] == {"Ref": secret_id}  # where the key is, never the key
+    assert "resolve:secretsmanager" not in str(template.to_json())
+    statements = [s for s in _policy_statements(template) if "secretsmanager" in str(s["Action"])]
+    assert statements == [{"Action": "secretsmanager:GetSecretValue", "Effect": "Allow",
+                           "Resource": {"Ref": secret_id}}]

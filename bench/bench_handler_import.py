@@ -1,0 +1,111 @@
+"""Benchmark: the normalizer Lambda handler's import time as a ratio to importing boto3 alone.
+
+    python bench/bench_handler_import.py [--runs 15] [--pyc]
+
+Each measurement is a fresh ``python`` subprocess that times one import statement with
+``time.perf_counter`` (interpreter start-up excluded, ``sys.path`` set up before the clock starts):
+
+* ``boto3``: ``import boto3`` (the baseline: any handler that calls SageMaker pays it);
+* ``handler``: ``import handler`` from ``lambda/normalizer`` (boto3, botocore's ``Config``, and the
+  library's ``invoke``/``normalize``/``telemetry``), the figure the target applies to;
+* ``powertools``: what importing Powertools' EMF serializer would add to the handler
+  (``import handler`` then the provider), for information: the measurement behind writing the EMF
+  documents by hand (``prefix_routing.invoke.emf_document``);
+* ``server``: ``import server`` (the web app ``run.sh`` starts in Lambda: the handler plus
+  ``http.server``), for information.
+
+Runs alternate between the imports so that a noisy machine slows them alike; the figures are ratios
+of medians, of wall-clock time and of the subprocess's CPU time. The target is checked on CPU time:
+on a shared machine wall-clock time mostly measures the neighbours' load (on an idle one the two
+agree, the imports being CPU-bound once the files are in the page cache). By default the environment decides about bytecode caches: with
+``PYTHONDONTWRITEBYTECODE=1`` (as on the machines this project runs on) the project's own modules are
+compiled on every run, as they are in Lambda, whose ``/var/task`` is read-only and ships no ``.pyc``
+for them; ``--pyc`` instead gives each subprocess a warmed ``PYTHONPYCACHEPREFIX`` (the best case).
+
+Acceptance target (issue 3): handler import at most 1.3x boto3's. Exit status 1 if it is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LAMBDA_DIR = ROOT / "lambda" / "normalizer"
+TARGET = 1.3
+
+_SNIPPET = """
+import sys, time
+sys.path[:0] = [{root!r}, {lambda_dir!r}]
+start, cpu = time.perf_counter(), time.process_time()
+{statement}
+print(time.perf_counter() - start, time.process_time() - cpu)
+"""
+STATEMENTS = {
+    "boto3": "import boto3",
+    "handler": "import handler",
+    "powertools": "import handler; "
+                  "from aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch import AmazonCloudWatchEMFProvider",
+    "server": "import server",
+}
+
+
+def measure(module: str, env: dict[str, str]) -> tuple[float, float]:
+    """(wall-clock seconds, CPU seconds) of the module's import statement in a fresh interpreter."""
+    code = _SNIPPET.format(root=str(ROOT), lambda_dir=str(LAMBDA_DIR), statement=STATEMENTS[module])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(ROOT),
+                         check=True)
+    wall, cpu = out.stdout.strip().splitlines()[-1].split()
+    return float(wall), float(cpu)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=15, help="subprocesses per module (default 15)")
+    parser.add_argument("--pyc", action="store_true", help="use a warmed bytecode cache for every run")
+    args = parser.parse_args(argv)
+
+    env = dict(os.environ)
+    # Lambda's environment: no AWS configuration files to read, a region set.
+    env.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    cache = None
+    if args.pyc:
+        cache = tempfile.TemporaryDirectory(prefix="bench-pyc-")
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = cache.name
+    modules = tuple(STATEMENTS)
+    for module in modules:  # warm the page cache (and the bytecode cache with --pyc); not counted
+        measure(module, env)
+    wall: dict[str, list[float]] = {module: [] for module in modules}
+    cpu: dict[str, list[float]] = {module: [] for module in modules}
+    for _ in range(args.runs):
+        for module in modules:
+            w, c = measure(module, env)
+            wall[module].append(w)
+            cpu[module].append(c)
+    med_wall = {module: statistics.median(values) for module, values in wall.items()}
+    med_cpu = {module: statistics.median(values) for module, values in cpu.items()}
+    bytecode = "warmed PYTHONPYCACHEPREFIX" if args.pyc else (
+        "no bytecode cache for the project's modules" if env.get("PYTHONDONTWRITEBYTECODE") else "default")
+    print(f"import time, median of {args.runs} fresh subprocesses each ({bytecode}); Python {sys.version.split()[0]}")
+    print(f"{'import':<12} {'wall ms':>9} {'ratio':>7} {'CPU ms':>8} {'ratio':>7}")
+    for module in modules:
+        print(f"{module:<12} {med_wall[module] * 1000:>9.1f} {med_wall[module] / med_wall['boto3']:>6.2f}x "
+              f"{med_cpu[module] * 1000:>8.1f} {med_cpu[module] / med_cpu['boto3']:>6.2f}x")
+    ratio_wall = med_wall["handler"] / med_wall["boto3"]
+    ratio = med_cpu["handler"] / med_cpu["boto3"]
+    verdict = "ok" if ratio <= TARGET else "MISSED"
+    print(f"handler / boto3 = {ratio:.2f}x CPU time, {ratio_wall:.2f}x wall clock (target <= {TARGET}x on CPU time): "
+          f"{verdict}")
+    if cache is not None:
+        cache.cleanup()
+    return 0 if ratio <= TARGET else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,598 @@
+"""The front door's library functions (prefix_routing.invoke), called directly."""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+
+import boto3
+import pytest
+from botocore.exceptions import (
+    ClientError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    EventStreamError,
+    ReadTimeoutError,
+)
+from botocore.stub import Stubber
+from hypothesis import given, settings, strategies as st
+from urllib3.exceptions import ProtocolError
+
+from prefix_routing import invoke, telemetry
+from prefix_routing.normalize import NormalizerSettings, routing_identity
+from tests.lambda_normalizer.conftest import (
+    BODY,
+    CHAT,
+    KEY,
+    ROLE_ARN,
+    ROLE_TENANT,
+    FakeRuntime,
+    config,
+    sse_chunks,
+    url_event,
+)
+
+# --------------------------------------------------------------------------- configuration
+
+
+def test_config_from_env_defaults_and_values():
+    cfg = invoke.InvokeConfig.from_env({"ENDPOINT_NAME": "ep", "INFERENCE_COMPONENT_NAME": "ic", "PREFIX_LENGTH": "0",
+                                        "BLOCK_BYTES": "1024", "TENANCY": "header", "TENANT_HEADER": "X-Tenant"})
+    assert (cfg.endpoint_name, cfg.component_name, cfg.tenancy, cfg.tenant_header) == ("ep", "ic", "header", "x-tenant")
+    assert cfg.settings.prefix_length == NormalizerSettings().prefix_length  # 0: not PREFIX_AWARE, default
+    assert cfg.settings.block_bytes == 1024
+    assert cfg.stream_usage is True and cfg.max_attempts == 3
+    cfg = invoke.InvokeConfig.from_env({
+        "ENDPOINT_NAME": "ep", "PREFIX_LENGTH": "8192", "STREAM_USAGE": "false", "UPSTREAM_MAX_ATTEMPTS": "5",
+        "NORMALIZER_SETTINGS": json.dumps({"freeze_rules": [{"name": "date", "pattern": r"\d{4}-\d{2}-\d{2}"}]}),
+    })
+    assert cfg.settings.prefix_length == 8192 and cfg.settings.freeze_rules[0].name == "date"
+    assert cfg.component_name is None and cfg.metric_component == "ep"
+    assert cfg.stream_usage is False and cfg.max_attempts == 5
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({}, "ENDPOINT_NAME"),
+        ({"ENDPOINT_NAME": "ep", "TENANCY": "cookie"}, "TENANCY"),
+        ({"ENDPOINT_NAME": "ep", "PREFIX_LENGTH": "lots"}, "PREFIX_LENGTH"),
+        ({"ENDPOINT_NAME": "ep", "PREFIX_LENGTH": "100"}, "prefix_length"),
+        ({"ENDPOINT_NAME": "ep", "NORMALIZER_SETTINGS": "{"}, "NORMALIZER_SETTINGS"),
+        ({"ENDPOINT_NAME": "ep", "NORMALIZER_SETTINGS": "[]"}, "NORMALIZER_SETTINGS"),
+        ({"ENDPOINT_NAME": "ep", "UPSTREAM_MAX_ATTEMPTS": "0"}, "UPSTREAM_MAX_ATTEMPTS"),
+        ({"ENDPOINT_NAME": "ep", "STREAM_USAGE": "maybe"}, "STREAM_USAGE"),
+        ({"ENDPOINT_NAME": "ep", "TENANCY": "header", "TENANT_HEADER": ""}, "TENANT_HEADER"),
+    ],
+)
+def test_config_errors_name_the_variable(env, named):
+    with pytest.raises(invoke.ConfigurationError, match=named):
+        invoke.InvokeConfig.from_env(env)
+
+
+def test_tenant_key_from_secrets_manager_exact_call():
+    client = boto3.client("secretsmanager", region_name="us-east-1", aws_access_key_id="t", aws_secret_access_key="t")
+    arn = "arn:aws:secretsmanager:us-east-1:111122223333:secret:TenantKey-AbCdEf"
+    with Stubber(client) as stub:
+        stub.add_response("get_secret_value", {"SecretString": "k" * 64}, {"SecretId": arn})
+        assert invoke.load_tenant_key(client, arn) == b"k" * 64
+        stub.add_response("get_secret_value", {"SecretString": "short"}, {"SecretId": arn})
+        with pytest.raises(invoke.ConfigurationError) as caught:
+            invoke.load_tenant_key(client, arn)
+        assert "short" not in str(caught.value)  # the value never appears in a message
+        stub.assert_no_pending_responses()
+    with pytest.raises(invoke.ConfigurationError, match="TENANT_KEY_SECRET_ARN"):
+        invoke.load_tenant_key(client, "")
+
+
+# --------------------------------------------------------------------------- tenants
+
+
+@pytest.mark.parametrize(
+    ("arn", "caller", "account", "tenant"),
+    [
+        (ROLE_ARN, None, None, ROLE_TENANT),
+        ("arn:aws:sts::111122223333:assumed-role/ChatApp/another-session", None, None, ROLE_TENANT),
+        ("arn:aws-cn:sts::111122223333:assumed-role/R/s", None, None, "arn:aws-cn:iam::111122223333:role/R"),
+        ("arn:aws:iam::111122223333:user/dev/alice", None, None, "arn:aws:iam::111122223333:user/dev/alice"),
+        ("arn:aws:iam::111122223333:root", None, None, "arn:aws:iam::111122223333:root"),
+        (None, "AROAEXAMPLE:session", None, "AROAEXAMPLE"),
+        (None, "AIDAEXAMPLE", None, "AIDAEXAMPLE"),
+        (None, None, "111122223333", "account:111122223333"),
+        (None, None, None, None),
+        ("", "", "", None),
+    ],
+)
+def test_principal_tenant(arn, caller, account, tenant):
+    assert invoke.principal_tenant(arn, caller, account) == tenant
+
+
+def test_iam_tenant_from_function_url_and_rest_api_contexts():
+    cfg = config()
+    request = invoke.request_from_event(url_event())
+    assert invoke.identify_tenant(request, cfg) == (ROLE_TENANT, None)
+    rest = {"httpMethod": "POST", "headers": {"Content-Type": "application/json"}, "body": BODY.decode(),
+            "requestContext": {"requestId": "r", "identity": {
+                "userArn": "arn:aws:iam::111122223333:user/bob", "caller": "AIDABOB", "accountId": "111122223333"}}}
+    request = invoke.request_from_event(rest)
+    assert request.source == "http" and request.headers["content-type"] == "application/json"
+    assert invoke.identify_tenant(request, cfg) == ("arn:aws:iam::111122223333:user/bob", None)
+
+
+def test_missing_iam_identity_is_401():
+    event = url_event()
+    del event["requestContext"]["authorizer"]
+    with pytest.raises(invoke.RequestError) as caught:
+        invoke.identify_tenant(invoke.request_from_event(event), config())
+    assert caught.value.status == 401 and caught.value.code == "unauthenticated"
+
+
+def test_header_tenancy_and_application_header():
+    cfg = config(tenancy="header", tenant_header="X-Tenant-Id")
+    request = invoke.request_from_event(url_event(headers={"X-Tenant-Id": "acme", "x-application-id": "support-bot"}))
+    assert invoke.identify_tenant(request, cfg) == ("acme", "support-bot")
+    for headers, code in (({}, "missing_tenant"), ({"x-tenant-id": "a b"}, "invalid_tenant"),
+                          ({"x-tenant-id": "t" * 129}, "invalid_tenant"),
+                          ({"x-tenant-id": "acme", "x-application-id": "bad app!"}, "invalid_application")):
+        with pytest.raises(invoke.RequestError) as caught:
+            invoke.identify_tenant(invoke.request_from_event(url_event(headers=headers)), cfg)
+        assert caught.value.status == 400 and caught.value.code == code
+        assert caught.value.message  # names the problem
+
+
+def test_none_tenancy_shares_one_tenant_and_direct_invocations_name_theirs():
+    assert invoke.identify_tenant(invoke.request_from_event(url_event()), config(tenancy="none")) == (
+        invoke.SHARED_TENANT, None)
+    direct = invoke.request_from_event({"body": CHAT, "tenant": "acme", "application": "bot"})
+    assert direct.source == "direct"
+    assert invoke.identify_tenant(direct, config()) == ("acme", "bot")
+    with pytest.raises(invoke.RequestError, match="tenant") as caught:
+        invoke.identify_tenant(invoke.request_from_event({"body": CHAT}), config())
+    assert caught.value.code == "missing_tenant"
+    assert invoke.identify_tenant(invoke.request_from_event({"body": CHAT}), config(tenancy="none"))[0] == "shared"
+
+
+# --------------------------------------------------------------------------- events
+
+
+def test_function_url_event_with_base64_body_and_bad_base64():
+    request = invoke.request_from_event(url_event(BODY, base64=True))
+    assert request.body == BODY and request.problem is None
+    event = url_event(BODY)
+    event["isBase64Encoded"] = True
+    event["body"] = "not base64!!"
+    request = invoke.request_from_event(event)
+    assert request.problem is not None and request.problem.code == "invalid_base64"
+
+
+@pytest.mark.parametrize(
+    ("event", "code"),
+    [
+        ([1, 2], "invalid_event"),
+        ("text", "invalid_event"),
+        ({"tenant": "acme"}, "invalid_event"),
+        ({"body": 5, "tenant": "acme"}, "invalid_event"),
+    ],
+)
+def test_malformed_events_are_400(event, code):
+    request = invoke.request_from_event(event)
+    assert request.problem is not None and request.problem.status == 400 and request.problem.code == code
+
+
+def test_lambda_context_gives_request_id_and_deadline():
+    class Context:
+        aws_request_id = "lambda-req-9"
+
+        def get_remaining_time_in_millis(self):
+            return 30_000
+
+    request = invoke.request_from_event(url_event(), Context())
+    assert request.request_id == "lambda-req-9"
+    assert request.deadline is not None and request.deadline > request.arrival + 20
+
+
+# --------------------------------------------------------------------------- validation and normalization
+
+
+def test_prepare_derives_the_tenant_identity_and_salts_the_body():
+    prepared = invoke.prepare(invoke.request_from_event(url_event()), config(), KEY)
+    expected = routing_identity(ROLE_TENANT, None, KEY)
+    assert prepared.identity == expected
+    assert prepared.normalized.body.startswith(b'{"cache_salt":"' + expected.cache_salt.encode() + b'","messages":')
+    assert prepared.tenant == ROLE_TENANT and prepared.normalize_ms >= 0 and not prepared.expects_usage
+
+
+def test_tenants_never_share_routing_ids_sessions_of_one_role_do():
+    cfg = config()
+    ids = {}
+    for arn in (ROLE_ARN, "arn:aws:sts::111122223333:assumed-role/ChatApp/other-session",
+                "arn:aws:sts::111122223333:assumed-role/OtherApp/session-1",
+                "arn:aws:sts::999988887777:assumed-role/ChatApp/session-1"):
+        prepared = invoke.prepare(invoke.request_from_event(url_event(user_arn=arn)), cfg, KEY)
+        ids[arn] = (prepared.identity.prefix_aware_id, prepared.normalized.body[:60])
+    values = list(ids.values())
+    assert values[0] == values[1]  # one role, two sessions: one tenant
+    assert len({v[0] for v in values[1:]}) == 3 and len({v[1] for v in values[1:]}) == 3
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "field"),
+    [
+        (b"", "empty", "body"),
+        (b"\xff\xfe{}", "invalid_utf8", "body"),
+        (b'{"messages": [', "invalid_json", "body"),
+        (b"[1, 2]", "not_object", "body"),
+        (b'{"temperature": 1}', "missing_field", "body"),
+        (b'{"messages": [{"role": "user"}]}', "missing_field", "messages[0].content"),
+        (b'{"messages": "hi"}', "invalid_field", "messages"),
+        (b'{"messages": [], "messages": []}', "duplicate_key", "body"),
+        (b'{"prompt": "x", "temperature": NaN}', "non_finite_number", "temperature"),
+        (b'{"prompt": "x", "n": ' + b"[" * 80 + b"]" * 80 + b"}", "too_deep", None),
+    ],
+)
+def test_bad_bodies_are_400_naming_the_problem(body, code, field):
+    with pytest.raises(invoke.RequestError) as caught:
+        invoke.prepare(invoke.request_from_event(url_event(body)), config(), KEY)
+    error = caught.value
+    assert error.status == 400 and error.code == code
+    if field is not None:
+        assert error.field == field
+    assert error.body()["error"]["message"] and error.normalize_ms is not None
+
+
+def test_body_over_6_mib_is_400_too_large():
+    body = json.dumps({"prompt": "x" * (6 * 1024 * 1024)}).encode()
+    with pytest.raises(invoke.RequestError) as caught:
+        invoke.prepare(invoke.request_from_event(url_event(body)), config(), KEY)
+    assert caught.value.status == 400 and caught.value.code == "too_large"
+
+
+def test_methods_other_than_post_are_405():
+    with pytest.raises(invoke.RequestError) as caught:
+        invoke.prepare(invoke.request_from_event(url_event(method="GET")), config(), KEY)
+    assert caught.value.status == 405 and caught.value.code == "method_not_allowed"
+
+
+def test_streaming_bodies_ask_for_usage_unless_told_otherwise():
+    streaming = dict(CHAT, stream=True)
+    prepared = invoke.prepare(invoke.request_from_event(url_event(json.dumps(streaming))), config(), KEY)
+    sent = json.loads(prepared.normalized.body)
+    assert sent["stream_options"] == {"include_usage": True} and prepared.expects_usage
+    assert {k: v for k, v in sent.items() if k not in ("cache_salt", "stream_options")} == streaming
+    explicit = dict(streaming, stream_options={"include_usage": False})
+    prepared = invoke.prepare(invoke.request_from_event(url_event(json.dumps(explicit))), config(), KEY)
+    assert json.loads(prepared.normalized.body)["stream_options"] == {"include_usage": False}
+    assert not prepared.expects_usage
+    prepared = invoke.prepare(invoke.request_from_event(url_event(json.dumps(streaming))),
+                              config(stream_usage=False), KEY)
+    assert "stream_options" not in json.loads(prepared.normalized.body) and not prepared.expects_usage
+    not_streaming = invoke.prepare(invoke.request_from_event(url_event()), config(), KEY)
+    assert b"stream_options" not in not_streaming.normalized.body
+    lmi = {"inputs": "hello", "parameters": {"max_new_tokens": 4}, "stream": True}
+    prepared = invoke.prepare(invoke.request_from_event(url_event(json.dumps(lmi))), config(), KEY)
+    assert b"stream_options" not in prepared.normalized.body
+
+
+# --------------------------------------------------------------------------- reading the stream
+
+
+def _read(chunks, **kwargs) -> invoke.StreamReader:
+    reader = invoke.StreamReader(**kwargs)
+    for chunk in chunks:
+        reader.feed(chunk)
+    reader.finish()
+    return reader
+
+
+def test_reader_sse_complete_with_usage_and_text():
+    reader = _read(sse_chunks(("a", "b", "c")), collect=True)
+    assert reader.complete and reader.format == "sse" and reader.done
+    assert (reader.prompt_tokens, reader.cached_tokens, reader.completion_tokens) == (12, 8, 3)
+    assert reader.answer()["choices"] == [{"index": 0, "text": "a b c", "finish_reason": "stop"}]
+
+
+def test_reader_openai_sse_without_done_is_truncated_even_after_finish_reason():
+    chunks = sse_chunks(("a", "b"), done=False)
+    reader = _read(chunks)
+    assert reader.finished and reader.usage is not None and not reader.complete
+    assert not _read(sse_chunks(("a", "b"), usage=False, done=False)).complete
+    assert not _read(sse_chunks(("a", "b"))[:1]).complete
+
+
+def test_reader_cut_mid_line_is_incomplete():
+    whole = b"".join(sse_chunks(("a", "b")))
+    assert _read([whole]).complete
+    assert not _read([whole[:-20]]).complete
+
+
+def test_reader_json_lines():
+    lines = [json.dumps({"choices": [{"index": 0, "text": w, "finish_reason": None}]}).encode() + b"\n" for w in "ab"]
+    final = json.dumps({"choices": [{"index": 0, "text": "!", "finish_reason": "length"}]}).encode() + b"\n"
+    usage = json.dumps({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 3}}).encode() + b"\n"
+    reader = _read(lines + [final, usage], expects_usage=True, collect=True)
+    assert reader.format == "jsonl" and reader.complete and reader.prompt_tokens == 3
+    assert reader.answer()["choices"][0] == {"index": 0, "text": "ab!", "finish_reason": "length"}
+    assert not _read(lines + [final], expects_usage=True).complete  # the usage chunk never came
+    assert _read(lines + [final], expects_usage=False).complete
+    assert not _read(lines).complete
+
+
+def test_reader_tgi_and_lmi_token_streams():
+    tokens = [json.dumps({"token": {"id": i, "text": t, "special": False}, "generated_text": None}).encode() + b"\n"
+              for i, t in enumerate(["Hel", "lo"])]
+    end = json.dumps({"token": {"id": 9, "text": "</s>", "special": True}, "generated_text": "Hello",
+                      "details": {"finish_reason": "eos_token", "generated_tokens": 3}}).encode() + b"\n"
+    reader = _read(tokens + [end], collect=True)
+    assert reader.complete and reader.completion_tokens == 3
+    assert reader.answer()["choices"][0]["text"] == "Hello"
+    assert not _read(tokens).complete
+    sse = [b"data:" + t for t in tokens + [end]]
+    assert _read(sse).complete  # TGI's SSE has no [DONE]: the final chunk decides
+
+
+def test_reader_one_json_document_and_pretty_printed():
+    document = {"id": "x", "object": "chat.completion", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 4}}}
+    for raw in (json.dumps(document).encode(), json.dumps(document, indent=2).encode()):
+        reader = _read([raw[:7], raw[7:]], collect=True)
+        assert reader.complete and reader.cached_tokens == 4
+        assert reader.answer() == document
+        assert not _read([raw[:-3]]).complete
+
+
+def test_reader_in_band_errors_are_failures():
+    chunks = sse_chunks(("a",), usage=False, done=False)
+    chunks.append(b'data: {"error": {"message": "engine died", "type": "server_error"}}\n\n')
+    reader = _read(chunks)
+    assert reader.error["message"] == "engine died" and not reader.complete
+    assert not _read([b'{"object": "error", "message": "bad", "code": 400}']).complete
+
+
+def test_reader_crlf_and_comments():
+    raw = b": keep-alive\r\nevent: message\r\n" + b"".join(sse_chunks(("a",))).replace(b"\n", b"\r\n")
+    reader = _read([raw])
+    assert reader.complete and reader.prompt_tokens == 12
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_reader_does_not_depend_on_payload_part_boundaries(data):
+    whole = b"".join(sse_chunks(("alpha", "beta", "gamma", "délta")))
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(whole)), max_size=12)))
+    pieces = [whole[a:b] for a, b in zip([0] + cuts, cuts + [len(whole)])]
+    reader = _read(pieces, collect=True)
+    assert reader.complete and reader.usage["prompt_tokens"] == 12
+    assert reader.answer()["choices"][0]["text"] == "alpha beta gamma délta"
+    done_end = whole.index(b"data: [DONE]") + len(b"data: [DONE]")  # from there on nothing is missing
+    truncated = data.draw(st.integers(1, done_end - 1))
+    assert not _read([whole[:truncated]]).complete
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _client_error(code, status=400, operation="InvokeEndpointWithResponseStream", **extra):
+    response = {"Error": {"Code": code, "Message": f"{code} happened"},
+                "ResponseMetadata": {"HTTPStatusCode": status}, **extra}
+    return ClientError(response, operation)
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "kind", "retryable"),
+    [
+        (_client_error("ThrottlingException"), 429, "throttled", True),
+        (_client_error("ModelNotReadyException", 429), 503, "model_not_ready", True),
+        (_client_error("ServiceUnavailable", 503), 503, "upstream_unavailable", True),
+        (_client_error("InternalFailure", 500), 502, "upstream_error", True),
+        (_client_error("InternalDependencyException", 530), 502, "upstream_error", True),
+        (_client_error("SomethingNew", 502), 502, "upstream_error", True),
+        (_client_error("ModelError", 424, OriginalStatusCode=400), 502, "model_error", False),
+        (_client_error("ValidationError"), 502, "upstream_rejected", False),
+        (_client_error("AccessDeniedException", 403), 502, "upstream_denied", False),
+        (EventStreamError({"Error": {"Code": "ModelStreamError", "Message": "boom"}}, "X"), 502,
+         "model_stream_error", False),
+        (EventStreamError({"Error": {"Code": "InternalStreamFailure", "Message": "x"}}, "X"), 502,
+         "stream_failure", True),
+        (ReadTimeoutError(endpoint_url="http://x"), 504, "timeout", False),
+        (TimeoutError(), 504, "timeout", False),
+        (ConnectTimeoutError(endpoint_url="http://x"), 502, "upstream_connection", True),
+        (EndpointConnectionError(endpoint_url="http://x"), 502, "upstream_connection", True),
+        (ProtocolError("Connection broken"), 502, "upstream_connection", True),
+        (KeyError("x"), 500, "internal", False),
+    ],
+)
+def test_classify_error(error, status, kind, retryable):
+    upstream = invoke.classify_error(error)
+    assert (upstream.status, upstream.kind, upstream.retryable) == (status, kind, retryable)
+    assert "\n" not in upstream.message
+    if kind == "model_error":
+        assert "400" in upstream.message
+
+
+# --------------------------------------------------------------------------- telemetry
+
+
+def _record(**values) -> invoke.RequestRecord:
+    record = invoke.RequestRecord(arrival_ms=1796032800000, request_id="r1", tenant=ROLE_TENANT,
+                                  routing_id="pa-1", body_kind="chat", fingerprint="0123456789abcdef",
+                                  block_hashes=("aa", "bb"), body_bytes=4100, normalize_ms=0.5, sent=True,
+                                  attempts=1, ttft_ms=120.5, total_ms=900.25, prompt_tokens=1000, cached_tokens=750,
+                                  output_tokens=20, status=200)
+    for name, value in values.items():
+        setattr(record, name, value)
+    return record
+
+
+def test_emf_document_namespace_names_units_one_dimension_high_resolution():
+    document = json.loads(json.dumps(invoke.emf_document(_record(), config())))
+    directive = document["_aws"]["CloudWatchMetrics"]
+    assert len(directive) == 1 and directive[0]["Namespace"] == telemetry.NAMESPACE
+    assert directive[0]["Dimensions"] == [[telemetry.DIMENSION_COMPONENT]]
+    assert document[telemetry.DIMENSION_COMPONENT] == "test-prefix-llm-ic"
+    definitions = {m["Name"]: m for m in directive[0]["Metrics"]}
+    assert set(definitions) == {spec.name for spec in telemetry.ALL_METRICS}
+    for spec in telemetry.ALL_METRICS:
+        assert definitions[spec.name] == {"Name": spec.name, "Unit": spec.unit, "StorageResolution": 1}
+    assert document[telemetry.TTFT.name] == 120.5 and document[telemetry.CACHED_TOKENS.name] == 750
+    assert (document["Requests"], document["ClientErrors"], document["UpstreamErrors"]) == (1, 0, 0)
+    assert isinstance(document["_aws"]["Timestamp"], int)
+    assert "service" not in document and not any(k.lower() == "service" for k in document)
+
+
+def test_emf_document_omits_what_is_unknown_and_counts_errors():
+    client = invoke.emf_document(_record(sent=False, ttft_ms=None, total_ms=None, prompt_tokens=None,
+                                         cached_tokens=None, status=400, origin="client"), config())
+    names = {m["Name"] for m in client["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
+    assert names == {"Requests", "ClientErrors", "UpstreamErrors", "NormalizationTime"}
+    assert (client["Requests"], client["ClientErrors"], client["UpstreamErrors"]) == (0, 1, 0)
+    upstream = invoke.emf_document(_record(status=502, origin="upstream", total_ms=None, prompt_tokens=None,
+                                           cached_tokens=None), config())
+    assert (upstream["Requests"], upstream["ClientErrors"], upstream["UpstreamErrors"]) == (1, 0, 1)
+
+
+def test_emf_document_matches_powertools_serializer():
+    from aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch import AmazonCloudWatchEMFProvider
+
+    record = _record()
+    ours = invoke.emf_document(record, config(), timestamp_ms=1796032800000)
+    provider = AmazonCloudWatchEMFProvider(namespace=telemetry.NAMESPACE, service="")
+    provider.add_dimension(name=telemetry.DIMENSION_COMPONENT, value="test-prefix-llm-ic")
+    for spec, value in invoke._metric_values(record):
+        provider.add_metric(name=spec.name, unit=spec.unit, value=value, resolution=1)
+    provider.set_timestamp(1796032800000)
+    theirs = json.loads(json.dumps(provider.serialize_metric_set()))
+    theirs = {k: (v[0] if isinstance(v, list) and len(v) == 1 else v) for k, v in theirs.items()}
+    assert json.loads(json.dumps(ours)) == theirs
+
+
+def test_log_record_has_every_log_field():
+    line = invoke.log_record(_record(), config())
+    fields = {value for name, value in vars(telemetry.LogField).items() if name.isupper()}
+    assert fields <= set(line)
+    assert line["message"] == telemetry.REQUEST_LOG_MESSAGE
+    assert line["block_hashes"] == ["aa", "bb"] and line["block_bytes"] == 2048 and line["prefix_length"] == 4096
+    assert line["inference_component"] == "test-prefix-llm-ic" and line["status"] == 200
+
+
+def test_telemetry_lines_carry_no_prompt_text_and_no_key(lines):
+    secret_word = "zanzibar-quokka"
+    body = dict(CHAT, messages=[{"role": "system", "content": f"Never say {secret_word}."},
+                                {"role": "user", "content": f"what about {secret_word}?"}])
+    runtime = FakeRuntime()
+    invoker = invoke.Invoker(runtime, config(), KEY, emit=lines)
+    assert invoker.buffered(invoke.request_from_event(url_event(json.dumps(body)))).status == 200
+    bad = dict(body, messages=[{"role": "user", "content": 5, "note": secret_word}])
+    assert invoker.buffered(invoke.request_from_event(url_event(json.dumps(bad)))).status == 400
+    output = "\n".join(lines.lines)
+    assert secret_word not in output and KEY.decode() not in output
+    assert routing_identity(ROLE_TENANT, None, KEY).cache_salt not in output
+    assert len(lines.emf) == 2 and len(lines.requests) == 2
+
+
+# --------------------------------------------------------------------------- the exchange
+
+
+def test_stream_yields_head_chunks_outcome_and_exact_params(lines):
+    runtime = FakeRuntime()
+    invoker = invoke.Invoker(runtime, config(), KEY, emit=lines)
+    items = list(invoker.stream(invoke.request_from_event(url_event())))
+    head, *chunks, outcome = items
+    assert isinstance(head, invoke.Head) and head.status == 200
+    assert head.headers["content-type"] == "text/event-stream"
+    assert chunks == runtime.chunks
+    assert isinstance(outcome, invoke.Outcome) and outcome.status == 200 and outcome.error is None
+    (params,) = runtime.calls
+    identity = routing_identity(ROLE_TENANT, None, KEY)
+    assert params == {"EndpointName": "test-prefix-llm", "InferenceComponentName": "test-prefix-llm-ic",
+                      "PrefixAwareId": identity.prefix_aware_id, "ContentType": "application/json",
+                      "Body": invoke.prepare(invoke.request_from_event(url_event()), config(), KEY).normalized.body}
+    (log,) = lines.requests
+    assert log["status"] == 200 and log["prompt_tokens"] == 12 and log["cached_tokens"] == 8
+    assert log["output_tokens"] == 2 and log["tenant"] == ROLE_TENANT and log["attempts"] == 1
+    assert log["prefix_aware_id"] == identity.prefix_aware_id
+
+
+def test_no_component_means_no_inference_component_parameter():
+    runtime = FakeRuntime()
+    invoker = invoke.Invoker(runtime, config(component_name=None), KEY, emit=lambda line: None)
+    list(invoker.stream(invoke.request_from_event(url_event())))
+    assert "InferenceComponentName" not in runtime.calls[0]
+
+
+def test_truncated_stream_is_never_complete(lines):
+    runtime = FakeRuntime(sse_chunks(("a", "b"), done=False))
+    invoker = invoke.Invoker(runtime, config(), KEY, emit=lines)
+    items = list(invoker.stream(invoke.request_from_event(url_event())))
+    assert items[0].status == 200  # the head went out with the first token
+    assert b'"type":"truncated"' in items[-2] and b"[DONE]" not in b"".join(items[1:-1])
+    assert items[-1].status == 502 and items[-1].error["code"] == "truncated"
+    assert lines.requests[0]["status"] == 502 and lines.requests[0]["error_kind"] == "truncated"
+    assert lines.emf[0]["UpstreamErrors"] == 1
+    answer = invoker.buffered(invoke.request_from_event(url_event()))
+    assert answer.status == 502 and answer.body["error"]["code"] == "truncated"
+    assert answer.body["partial"]["choices"][0]["text"] == "a b"
+
+
+def test_empty_stream_is_truncated_before_the_head():
+    invoker = invoke.Invoker(FakeRuntime([]), config(), KEY, emit=lambda line: None)
+    answer = invoker.buffered(invoke.request_from_event(url_event()))
+    assert answer.status == 502 and answer.body["error"]["code"] == "truncated"
+
+
+def test_closing_the_generator_logs_client_closed(lines):
+    invoker = invoke.Invoker(FakeRuntime(), config(), KEY, emit=lines)
+    exchange = invoker.stream(invoke.request_from_event(url_event()))
+    assert next(exchange).status == 200
+    next(exchange)
+    exchange.close()
+    (log,) = lines.requests
+    assert log["status"] == 499 and log["error_kind"] == "client_closed"
+    assert lines.emf[0]["UpstreamErrors"] == 0 and lines.emf[0]["ClientErrors"] == 0
+
+
+def test_abandoning_the_generator_after_the_outcome_keeps_its_status(lines):
+    invoker = invoke.Invoker(FakeRuntime(), config(), KEY, emit=lines)
+    assert invoker.buffered(invoke.request_from_event(url_event())).status == 200
+    import gc
+
+    gc.collect()
+    assert [log["status"] for log in lines.requests] == [200]
+
+
+def test_backoff_is_bounded_and_jittered():
+    invoker = invoke.Invoker(FakeRuntime(), config(backoff_base_s=0.1, backoff_max_s=1.0), KEY,
+                             emit=lambda line: None, jitter=lambda: 0.999)
+    delays = [invoker._backoff(attempt) for attempt in range(1, 8)]
+    assert delays == sorted(delays) and max(delays) <= 1.0 and delays[0] >= 0.05
+    low = invoke.Invoker(FakeRuntime(), config(), KEY, emit=lambda line: None, jitter=lambda: 0.0)
+    assert low._backoff(1) == pytest.approx(0.05)
+    rng = random.Random(3)
+    values = [invoke._jitter() for _ in range(200)] + [rng.random()]
+    assert all(0 <= v < 1 for v in values)
+
+
+# --------------------------------------------------------------------------- direct payloads
+
+
+def test_decode_direct_payload_with_and_without_the_adapter_prelude():
+    answer = {"statusCode": 200, "body": {"choices": []}}
+    raw = json.dumps(answer).encode()
+    prelude = json.dumps({"statusCode": 200, "headers": {"content-type": "application/json"}, "cookies": []}).encode()
+    assert invoke.decode_direct_payload(raw) == answer
+    assert invoke.decode_direct_payload(prelude + b"\x00" * 8 + raw) == answer
+
+
+def test_base64_helper_roundtrip_used_by_events():
+    assert invoke.request_from_event(url_event(base64.b64decode(base64.b64encode(BODY)), base64=True)).body == BODY
+
+
+def test_error_fields_from_client_keys_are_redacted_in_the_log(lines):
+    invoker = invoke.Invoker(FakeRuntime(), config(), KEY, emit=lines)
+    body = json.dumps({"prompt": "x", "parameters": {"a": 1}, "weird": {"my secret prompt": float("nan")}})
+    answer = invoker.buffered(invoke.request_from_event(url_event(body)))
+    assert answer.status == 400 and "my secret prompt" in answer.body["error"]["field"]  # the caller is told
+    assert lines.requests[0]["error_field"] == "(redacted)" and "my secret prompt" not in "".join(lines.lines)
+    invoker.buffered(invoke.request_from_event(url_event(b'{"messages": [{"role": "user"}]}')))
+    assert lines.requests[1]["error_field"] == "messages[0].content"
