@@ -164,7 +164,9 @@ class AlarmSettings(_Section):
     emails: list[Annotated[str, Field(pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")]] = Field(default_factory=list)
 
 
-class NormalizerSettings(_Section):
+class NormalizerFunctionSettings(_Section):
+    """The [normalizer] section: how the front-door Lambda is deployed (the rules are in normalize.py)."""
+
     tenancy: Literal["iam", "header", "none"] = "iam"
     tenant_header: str = Field("x-tenant-id", pattern=r"^[a-z0-9-]+$")
     reserved_concurrency: int = Field(50, ge=1, le=1000)
@@ -184,7 +186,7 @@ class StageConfig(_Section):
     metrics: MetricsSettings = MetricsSettings()
     scaling: ScalingSettings = ScalingSettings()
     alarms: AlarmSettings = AlarmSettings()
-    normalizer: NormalizerSettings = NormalizerSettings()
+    normalizer: NormalizerFunctionSettings = NormalizerFunctionSettings()
 
     @model_validator(mode="after")
     def _cross_section(self) -> "StageConfig":

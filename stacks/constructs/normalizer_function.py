@@ -13,9 +13,9 @@ What is deployed is exactly ``lambda/normalizer/`` (see ``handler.py`` there for
 - the role may invoke only this endpoint and its inference component, and write only its own logs.
 
 The asset is ``lambda/normalizer/`` plus the stdlib-only parts of ``prefix_routing`` (the rules, the
-front door's logic and the telemetry contract) plus the vendored Python dependencies that ``make
-install`` puts in ``build/lambda-python``: a plain file copy, so synth needs neither Docker nor the
-network. ``run.sh`` is made executable in the asset whatever the checkout's file modes are.
+front door's logic and the telemetry contract): a plain file copy, so synth needs neither Docker nor
+the network. Nothing else is vendored: boto3 comes with the runtime, and the EMF document is written
+by ``invoke.emf_document`` (Powertools' import alone would take the cold start to 1.3x boto3's). ``run.sh`` is made executable in the asset whatever the checkout's file modes are.
 """
 
 from __future__ import annotations
@@ -28,12 +28,11 @@ from aws_cdk import AssetHashType, BundlingOptions, DockerImage, Duration, ILoca
 from aws_cdk import aws_iam as iam, aws_lambda as lambda_, aws_logs as logs, aws_secretsmanager as secretsmanager
 from constructs import Construct
 
-from prefix_routing.config import NormalizerSettings, RoutingSettings
+from prefix_routing.config import NormalizerFunctionSettings, RoutingSettings
 from stacks.nag import acknowledge
 
 ROOT = Path(__file__).resolve().parents[2]
 HANDLER_DIR = ROOT / "lambda" / "normalizer"
-VENDORED_DIR = ROOT / "build" / "lambda-python"
 # The library modules the Lambda needs: standard library only, by the house rules.
 LIBRARY_MODULES = ("__init__.py", "errors.py", "normalize.py", "telemetry.py", "invoke.py")
 
@@ -61,19 +60,12 @@ class _CopyBundler:
     """Lays out the asset by copying files; never falls back to Docker."""
 
     def try_bundle(self, output_dir: str, *, image: DockerImage, **_: object) -> bool:
-        if not VENDORED_DIR.is_dir():
-            raise RuntimeError(
-                f"{VENDORED_DIR} is missing: run `make install` (it vendors the Lambda's pinned dependencies)"
-            )
         out = Path(output_dir)
-        shutil.copytree(VENDORED_DIR, out, dirs_exist_ok=True)
         shutil.copytree(HANDLER_DIR, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         (out / HANDLER).chmod(0o755)  # Lambda executes it: the zip must carry the mode
         (out / "prefix_routing").mkdir(exist_ok=True)
         for module in LIBRARY_MODULES:
-            source = ROOT / "prefix_routing" / module
-            if source.exists():
-                shutil.copy2(source, out / "prefix_routing" / module)
+            shutil.copy2(ROOT / "prefix_routing" / module, out / "prefix_routing" / module)
         return True
 
 
@@ -105,7 +97,7 @@ class NormalizerFunction(Construct):
         endpoint_arn: str,
         component_arn: str,
         routing: RoutingSettings,
-        settings: NormalizerSettings,
+        settings: NormalizerFunctionSettings,
         code: lambda_.Code,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -191,7 +183,7 @@ class NormalizerFunction(Construct):
         )
 
 
-# NormalizerSettings.log_retention_days allows exactly these values.
+# NormalizerFunctionSettings.log_retention_days allows exactly these values.
 _RETENTION = {
     1: logs.RetentionDays.ONE_DAY, 3: logs.RetentionDays.THREE_DAYS, 5: logs.RetentionDays.FIVE_DAYS,
     7: logs.RetentionDays.ONE_WEEK, 14: logs.RetentionDays.TWO_WEEKS, 30: logs.RetentionDays.ONE_MONTH,
