@@ -57,7 +57,6 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import inspect
-import ipaddress
 import json
 import math
 import os
@@ -75,6 +74,7 @@ from urllib.parse import urlsplit
 
 from prefix_routing import bodies
 from prefix_routing.errors import UserError
+from prefix_routing.runtime_server import is_loopback_host
 
 __all__ = [
     "TARGETS",
@@ -544,15 +544,7 @@ def _describe(error: BaseException) -> str:
 
 
 def _is_loopback_url(url: str | None) -> bool:
-    if not url:
-        return False
-    host = urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return bool(url) and is_loopback_host(urlsplit(url).hostname or "")
 
 
 class SageMakerTarget:

@@ -491,7 +491,8 @@ class RecordedRequest:
 # --------------------------------------------------------------------------- the server
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback_host(host: str) -> bool:
+    """True for localhost and loopback addresses (127.0.0.0/8, ::1): the only places we serve or load-test."""
     if host == "localhost":
         return True
     try:
@@ -528,7 +529,7 @@ class RuntimeServer(ThreadingHTTPServer):
         bearer_token: str | None = None,
         record_bodies: bool = True,
     ):
-        if not _is_loopback(host):
+        if not is_loopback_host(host):
             raise UserError(f"host {host!r}: the runtime server binds to a loopback address only (127.0.0.1)")
         if not callable(getattr(backend, "handle", None)):
             raise TypeError("backend must have a handle(request) method")

@@ -233,22 +233,28 @@ def _json_object(text: str):
     return obj, None
 
 
+def _json_records(c: "_Collector", path: str | os.PathLike) -> Iterator[tuple[str, str, dict]]:
+    """(``file:line``, text, object) of each JSON-object line; blank lines pass, broken ones are
+    counted and reported through the collector (or fail it, when strict)."""
+    for lineno, text in _open_lines(path):
+        if not text.strip():
+            continue
+        c.lines += 1
+        where = f"{c.source}:{lineno}"
+        obj, error = _json_object(text)
+        if error:
+            c.skip(where, "invalid JSON line" if error.startswith("invalid") else "not a JSON object", error)
+            continue
+        yield where, text, obj
+
+
 # --------------------------------------------------------------------------- Mooncake
 
 
 def read_mooncake(path: str | os.PathLike, *, strict: bool = False, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> Trace:
     """Read a Mooncake JSONL trace. ``hash_ids`` must have ``ceil(input_length / 512)`` ids."""
-    source = os.fspath(path)
-    c = _Collector(source, strict)
-    for lineno, text in _open_lines(path):
-        if not text.strip():
-            continue
-        c.lines += 1
-        where = f"{source}:{lineno}"
-        obj, error = _json_object(text)
-        if error:
-            c.skip(where, "invalid JSON line" if error.startswith("invalid") else "not a JSON object", error)
-            continue
+    c = _Collector(os.fspath(path), strict)
+    for where, _, obj in _json_records(c, path):
         missing = [k for k in ("timestamp", "input_length", "output_length", "hash_ids") if k not in obj]
         if missing:
             c.skip(where, f"missing field {missing[0]!r}")
@@ -438,22 +444,13 @@ def read_bodies(
         settings = normalize.NormalizerSettings(**kwargs)
     if not rate > 0:
         raise UserError(f"rate={rate}: must be > 0")
-    source = os.fspath(path)
-    c = _Collector(source, strict)
+    c = _Collector(os.fspath(path), strict)
     size = None
-    for lineno, text in _open_lines(path):
-        if not text.strip():
-            continue
-        c.lines += 1
-        where = f"{source}:{lineno}"
-        obj, error = _json_object(text)
-        if error:
-            c.skip(where, "invalid JSON line" if error.startswith("invalid") else "not a JSON object", error)
-            continue
+    for where, text, obj in _json_records(c, path):
         raw = text.strip().encode("utf-8")
         try:
             result = normalize.normalize_body(raw, settings)
-        except Exception as error:  # the normalizer's own rejection, whatever its type
+        except ValueError as error:  # NormalizationError: the body breaks a rule
             c.skip(where, "rejected by the normalizer", f"{type(error).__name__}: {error}")
             continue
         size = size or settings.block_bytes
