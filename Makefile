@@ -13,11 +13,14 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION = 20
 
 install: .install-stamp
 
-# Re-installs when a pinned file changes.
-.install-stamp: requirements.txt requirements-dev.txt package.json package-lock.json
+# Re-installs when a pinned file changes. The Lambda's dependencies are vendored for its asset,
+# so synth itself needs neither Docker nor the network.
+.install-stamp: requirements.txt requirements-dev.txt lambda/normalizer/requirements.txt package.json package-lock.json
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements-dev.txt
+	rm -rf build/lambda-python
+	$(PY) -m pip install --quiet --target build/lambda-python -r lambda/normalizer/requirements.txt
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 

@@ -8,9 +8,9 @@ Each measurement is a fresh ``python`` subprocess that times one import statemen
 * ``boto3``: ``import boto3`` (the baseline: any handler that calls SageMaker pays it);
 * ``handler``: ``import handler`` from ``lambda/normalizer`` (boto3, botocore's ``Config``, and the
   library's ``invoke``/``normalize``/``telemetry``), the figure the target applies to;
-* ``powertools``: what importing Powertools' EMF serializer would add to the handler
-  (``import handler`` then the provider), for information: the measurement behind writing the EMF
-  documents by hand (``prefix_routing.invoke.emf_document``);
+* ``powertools``: the handler plus Powertools' EMF provider, for information: what the first
+  request's metrics add once its answer has streamed (``prefix_routing.invoke.emf_document`` imports
+  the provider then, keeping it off the cold start's path to the first token);
 * ``server``: ``import server`` (the web app ``run.sh`` starts in Lambda: the handler plus
   ``http.server``), for information.
 

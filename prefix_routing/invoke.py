@@ -54,7 +54,7 @@ One request, in order:
    passed off as complete. :meth:`Invoker.buffered` collects the same into one JSON answer for
    direct invocations.
 
-5. **Telemetry** (:class:`Telemetry`): per request one EMF document (namespace
+5. **Telemetry** (:class:`Telemetry`): per request one EMF document, serialized by Powertools (namespace
    :data:`telemetry.NAMESPACE`, one dimension ``InferenceComponent``, high resolution) with TTFT (time
    from the call to the first ``PayloadPart``), end-to-end latency, prompt and cached tokens,
    normalization time and the request/error counters, and one JSON log line with the
@@ -1094,34 +1094,31 @@ def _metric_values(record: RequestRecord) -> list[tuple[telemetry.MetricSpec, fl
 
 
 def emf_document(record: RequestRecord, config: InvokeConfig, timestamp_ms: int | None = None) -> dict[str, Any]:
-    """The request's metrics as one CloudWatch Embedded Metric Format document.
+    """The request's metrics as one CloudWatch Embedded Metric Format document, serialized by
+    Powertools' EMF provider (what ``Metrics`` flushes), written through our own emitter.
 
-    Namespace :data:`telemetry.NAMESPACE`, exactly one dimension set ``[["InferenceComponent"]]`` (no
-    ``service`` or other dimension: the stacks' alarms and dashboards use exactly this one), every
-    metric high resolution (``"StorageResolution": 1``) with its unit from :mod:`telemetry`. The
-    document Powertools' ``add_metric(..., resolution=MetricResolution.High)`` serializes, but with
-    scalar values instead of one-element lists (the tests compare the two), written by hand: importing
-    Powertools costs about a tenth of boto3's import at every cold start, for a ``json.dumps``
-    (``bench/bench_handler_import.py`` measures it), and this module stays standard library only.
+    Namespace :data:`telemetry.NAMESPACE`, exactly one dimension set ``[["InferenceComponent"]]``: the
+    stacks' alarms and dashboards use exactly this one, so ``POWERTOOLS_SERVICE_NAME`` must stay
+    unset (Powertools would add a ``service`` dimension; the normalizer stack never sets it). Every
+    metric is high resolution (``StorageResolution: 1``) with its unit from :mod:`telemetry`.
+    A fresh provider per request: Powertools' ``Metrics`` keeps shared state across instances.
+
+    Powertools is imported here, at the first request's end, not with the module: the document is
+    written after the answer has streamed, so its import (about a quarter of boto3's) stays off the
+    cold start's path to the first token (``bench/bench_handler_import.py``).
     """
-    values = _metric_values(record)
-    document: dict[str, Any] = {
-        "_aws": {
-            "Timestamp": int(time.time() * 1000) if timestamp_ms is None else timestamp_ms,
-            "CloudWatchMetrics": [
-                {
-                    "Namespace": telemetry.NAMESPACE,
-                    "Dimensions": [[telemetry.DIMENSION_COMPONENT]],
-                    "Metrics": [{"Name": spec.name, "Unit": spec.unit, "StorageResolution": 1} for spec, _ in values],
-                }
-            ],
-        },
-        telemetry.DIMENSION_COMPONENT: config.metric_component,
-    }
-    for spec, value in values:
-        document[spec.name] = value
-    return document
+    from aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch import AmazonCloudWatchEMFProvider
 
+    provider = AmazonCloudWatchEMFProvider(namespace=telemetry.NAMESPACE)
+    provider.add_dimension(name=telemetry.DIMENSION_COMPONENT, value=config.metric_component)
+    for spec, value in _metric_values(record):
+        provider.add_metric(name=spec.name, unit=spec.unit, value=value, resolution=HIGH_RESOLUTION)
+    if timestamp_ms is not None:
+        provider.set_timestamp(timestamp_ms)
+    return provider.serialize_metric_set()
+
+
+HIGH_RESOLUTION: Final = 1  # seconds: MetricResolution.High
 
 _OUTPUT_LOCK: Final = threading.Lock()
 

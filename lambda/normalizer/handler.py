@@ -30,7 +30,7 @@ Cold start: the runtime and Secrets Manager clients and the tenant key (``GetSec
 secret named by ``TENANT_KEY_SECRET_ARN``, once per execution environment) are set up by
 :func:`get_invoker`, which ``server.py`` calls before it starts listening, that is during the
 function's init phase (LWA's readiness check waits for it). Metrics are written in the Embedded
-Metric Format by ``prefix_routing.invoke`` itself (see ``emf_document`` for why not Powertools).
+Metric Format by Powertools' EMF provider (``prefix_routing.invoke.emf_document``).
 """
 
 from __future__ import annotations

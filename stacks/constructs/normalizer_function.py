@@ -12,10 +12,10 @@ What is deployed is exactly ``lambda/normalizer/`` (see ``handler.py`` there for
   ``secretsmanager:GetSecretValue`` on that one secret only;
 - the role may invoke only this endpoint and its inference component, and write only its own logs.
 
-The asset is ``lambda/normalizer/`` plus the stdlib-only parts of ``prefix_routing`` (the rules, the
-front door's logic and the telemetry contract): a plain file copy, so synth needs neither Docker nor
-the network. Nothing else is vendored: boto3 comes with the runtime, and the EMF document is written
-by ``invoke.emf_document`` (Powertools' import alone would take the cold start to 1.3x boto3's). ``run.sh`` is made executable in the asset whatever the checkout's file modes are.
+The asset is ``lambda/normalizer/`` plus the parts of ``prefix_routing`` the Lambda runs (the rules,
+the front door's logic and the telemetry contract) plus the pinned dependencies (Powertools) that
+``make install`` vendors into ``build/lambda-python``: a plain file copy, so synth needs neither
+Docker nor the network. boto3 comes with the runtime. ``run.sh`` is made executable in the asset whatever the checkout's file modes are.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from stacks.nag import acknowledge
 
 ROOT = Path(__file__).resolve().parents[2]
 HANDLER_DIR = ROOT / "lambda" / "normalizer"
+VENDORED_DIR = ROOT / "build" / "lambda-python"
 # The library modules the Lambda needs: standard library only, by the house rules.
 LIBRARY_MODULES = ("__init__.py", "errors.py", "normalize.py", "telemetry.py", "invoke.py")
 
@@ -60,7 +61,12 @@ class _CopyBundler:
     """Lays out the asset by copying files; never falls back to Docker."""
 
     def try_bundle(self, output_dir: str, *, image: DockerImage, **_: object) -> bool:
+        if not VENDORED_DIR.is_dir():
+            raise RuntimeError(
+                f"{VENDORED_DIR} is missing: run `make install` (it vendors the Lambda's pinned dependencies)"
+            )
         out = Path(output_dir)
+        shutil.copytree(VENDORED_DIR, out, dirs_exist_ok=True)
         shutil.copytree(HANDLER_DIR, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         (out / HANDLER).chmod(0o755)  # Lambda executes it: the zip must carry the mode
         (out / "prefix_routing").mkdir(exist_ok=True)

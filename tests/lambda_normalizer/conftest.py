@@ -98,7 +98,12 @@ class Lines:
 
     @property
     def emf(self) -> list[dict]:
-        return [obj for obj in self.parsed if "_aws" in obj]
+        """EMF documents, each metric's one-element value list (Powertools' form) read as its value."""
+        return [
+            {k: (v[0] if isinstance(v, list) and len(v) == 1 and k != "_aws" else v) for k, v in obj.items()}
+            for obj in self.parsed
+            if "_aws" in obj
+        ]
 
     @property
     def requests(self) -> list[dict]:

@@ -435,8 +435,8 @@ def test_emf_document_namespace_names_units_one_dimension_high_resolution():
     assert set(definitions) == {spec.name for spec in telemetry.ALL_METRICS}
     for spec in telemetry.ALL_METRICS:
         assert definitions[spec.name] == {"Name": spec.name, "Unit": spec.unit, "StorageResolution": 1}
-    assert document[telemetry.TTFT.name] == 120.5 and document[telemetry.CACHED_TOKENS.name] == 750
-    assert (document["Requests"], document["ClientErrors"], document["UpstreamErrors"]) == (1, 0, 0)
+    assert document[telemetry.TTFT.name] == [120.5] and document[telemetry.CACHED_TOKENS.name] == [750]
+    assert (document["Requests"], document["ClientErrors"], document["UpstreamErrors"]) == ([1], [0], [0])
     assert isinstance(document["_aws"]["Timestamp"], int)
     assert "service" not in document and not any(k.lower() == "service" for k in document)
 
@@ -446,24 +446,27 @@ def test_emf_document_omits_what_is_unknown_and_counts_errors():
                                          cached_tokens=None, status=400, origin="client"), config())
     names = {m["Name"] for m in client["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
     assert names == {"Requests", "ClientErrors", "UpstreamErrors", "NormalizationTime"}
-    assert (client["Requests"], client["ClientErrors"], client["UpstreamErrors"]) == (0, 1, 0)
+    assert (client["Requests"], client["ClientErrors"], client["UpstreamErrors"]) == ([0], [1], [0])
     upstream = invoke.emf_document(_record(status=502, origin="upstream", total_ms=None, prompt_tokens=None,
                                            cached_tokens=None), config())
-    assert (upstream["Requests"], upstream["ClientErrors"], upstream["UpstreamErrors"]) == (1, 0, 1)
+    assert (upstream["Requests"], upstream["ClientErrors"], upstream["UpstreamErrors"]) == ([1], [0], [1])
 
 
-def test_emf_document_matches_powertools_serializer():
-    from aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch import AmazonCloudWatchEMFProvider
+def test_emf_document_is_what_powertools_metrics_flushes(monkeypatch, capsys):
+    """Same document as Powertools' public ``Metrics`` API with high resolution, values and all."""
+    from aws_lambda_powertools import Metrics
+    from aws_lambda_powertools.metrics import MetricResolution
 
+    monkeypatch.delenv("POWERTOOLS_SERVICE_NAME", raising=False)
     record = _record()
     ours = invoke.emf_document(record, config(), timestamp_ms=1796032800000)
-    provider = AmazonCloudWatchEMFProvider(namespace=telemetry.NAMESPACE, service="")
-    provider.add_dimension(name=telemetry.DIMENSION_COMPONENT, value="test-prefix-llm-ic")
+    metrics = Metrics(namespace=telemetry.NAMESPACE)
+    metrics.add_dimension(name=telemetry.DIMENSION_COMPONENT, value="test-prefix-llm-ic")
     for spec, value in invoke._metric_values(record):
-        provider.add_metric(name=spec.name, unit=spec.unit, value=value, resolution=1)
-    provider.set_timestamp(1796032800000)
-    theirs = json.loads(json.dumps(provider.serialize_metric_set()))
-    theirs = {k: (v[0] if isinstance(v, list) and len(v) == 1 else v) for k, v in theirs.items()}
+        metrics.add_metric(name=spec.name, unit=spec.unit, value=value, resolution=MetricResolution.High)
+    metrics.set_timestamp(1796032800000)
+    metrics.flush_metrics()
+    theirs = json.loads(capsys.readouterr().out)
     assert json.loads(json.dumps(ours)) == theirs
 
 

@@ -69,10 +69,17 @@ def test_asset_carries_the_handler_and_the_stdlib_library(default_stage):
     assert "prefix_routing/invoke.py" in contents and "prefix_routing/normalize.py" in contents
     assert "prefix_routing/config.py" not in contents  # pydantic-based, synth only
     assert not any(c.startswith(("prefix_routing/runtime_server", "prefix_routing/lab")) for c in contents)
-    assert not any("/site-packages/" in c or c.startswith("aws_lambda_powertools/") for c in contents)
+    assert any(c.startswith("aws_lambda_powertools/metrics/provider/cloudwatch_emf/") for c in contents)
     run = asset_dirs[0] / "run.sh"
     assert run.is_file() and os.stat(run).st_mode & stat.S_IXUSR  # Lambda executes the handler
     assert "server.py" in run.read_text()
+
+
+def test_no_powertools_service_name_that_would_add_a_dimension(default_templates):
+    # Powertools adds a "service" dimension when POWERTOOLS_SERVICE_NAME is set; the alarms watch
+    # metrics with exactly one dimension, InferenceComponent.
+    (function,) = default_templates["normalizer"].find_resources("AWS::Lambda::Function").values()
+    assert "POWERTOOLS_SERVICE_NAME" not in function["Properties"]["Environment"]["Variables"]
 
 
 def _function(template):
