@@ -2,8 +2,9 @@
 
 The Lambda handler (``lambda/normalizer/``) is thin: it turns a Lambda event or an HTTP request into
 a :class:`FrontRequest` and hands it to an :class:`Invoker`; everything else is here, as plain
-functions and small classes that tests call directly. Standard library only (boto3's client is passed
-in; botocore's exceptions are recognised by class name, so importing this module imports neither).
+functions and small classes that tests call directly. Importing it imports only the standard library
+(boto3's client is passed in; botocore's exceptions are recognised by class name; Powertools' EMF
+provider is imported when the first metrics are written).
 
 One request, in order:
 
