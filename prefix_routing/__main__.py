@@ -38,18 +38,22 @@ def _load(name: str):
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = _Parser(prog="python -m prefix_routing", description=__doc__.splitlines()[0])
+    parser = _Parser(
+        prog="python -m prefix_routing",
+        description="Prefix-aware routing for LLM inference on Amazon SageMaker: normalize requests, "
+        "analyze and simulate traces, emulate an endpoint, load-test one.",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    # Only the chosen command's module is imported; the others get a placeholder for --help.
+    # A command imports only its own module (normalize stays fast); the overview imports them all.
     chosen = next((a for a in argv if not a.startswith("-")), None)
     for name in COMMANDS:
-        if name == chosen:
+        if chosen is None or name == chosen:
             module = _load(name)
             command_parser = sub.add_parser(name, help=module.HELP, description=module.HELP)
             module.add_arguments(command_parser)
             command_parser.set_defaults(_run=module.run)
         else:
-            sub.add_parser(name, help=f"see: python -m prefix_routing {name} --help")
+            sub.add_parser(name)
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help(sys.stderr)
