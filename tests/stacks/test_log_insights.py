@@ -13,7 +13,9 @@ def test_saved_queries_use_the_telemetry_fields(default_templates):
     for query in (reuse, top):
         assert f"{LogField.MESSAGE} = '{REQUEST_LOG_MESSAGE}'" in query
         assert LogField.PREFIX_FINGERPRINT in query
-    assert "reusing" in reuse and "sort requests desc" in top
+    assert "(sum(requests) - count(*)) * 100 / sum(requests) as reuse_percent" in reuse
+    assert reuse.count("| stats ") == 2 and "display" not in reuse
+    assert "sort requests desc" in top
 
 
 def test_contributor_insights_rank_fingerprints_and_tenants(default_templates):
