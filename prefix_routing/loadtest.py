@@ -72,7 +72,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from prefix_routing import bodies
+from prefix_routing import bodies, traces
 from prefix_routing.errors import UserError
 from prefix_routing.runtime_server import is_loopback_host
 
@@ -146,55 +146,23 @@ class WorkItem:
 
 
 def _trace_records(path: str, skip: int = 0) -> tuple[Iterator[dict[str, Any]], list[str]]:
-    """Mooncake records (dicts) with ``at_s``; uses :mod:`prefix_routing.traces` when available."""
-    notes: list[str] = []
-    try:
-        from prefix_routing import traces
-    except Exception:  # pragma: no cover - the reader is another engineer's module
-        traces = None
-    reader = getattr(traces, "read_mooncake", None) if traces is not None else None
-    if reader is not None:
-        trace = reader(path)
-        if getattr(trace, "skipped", None) is not None and trace.skipped.count:
-            notes.append(trace.skipped.summary(trace.lines))
+    """Mooncake records (dicts) with ``at_s``, read by :func:`traces.read_mooncake` (broken lines are
+    reported in the notes, as the lab reports them)."""
+    trace = traces.read_mooncake(path)
+    notes = [trace.skipped.summary(trace.lines)] if trace.skipped.count else []
 
-        def rows() -> Iterator[dict[str, Any]]:
-            base = trace.arrivals[skip] if skip < len(trace) else 0.0
-            for i in range(skip, len(trace)):
-                yield {
-                    "at_s": trace.arrivals[i] - base,
-                    "input_length": trace.prompt_tokens[i],
-                    "output_length": trace.output_tokens[i],
-                    "hash_ids": trace.blocks[i],
-                    "source": f"{path}#{i + 1}",
-                }
+    def rows() -> Iterator[dict[str, Any]]:
+        base = trace.arrivals[skip] if skip < len(trace) else 0.0
+        for i in range(skip, len(trace)):
+            yield {
+                "at_s": trace.arrivals[i] - base,
+                "input_length": trace.prompt_tokens[i],
+                "output_length": trace.output_tokens[i],
+                "hash_ids": trace.blocks[i],
+                "source": f"{path}#{i + 1}",
+            }
 
-        return rows(), notes
-
-    # Fallback: read the JSONL ourselves.
-    if not os.path.isfile(path):
-        raise UserError(f"trace file not found: {path}")
-
-    def own_rows() -> Iterator[dict[str, Any]]:
-        base = None
-        n = 0
-        with open(path, encoding="utf-8") as handle:
-            for lineno, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                    ts, ids = float(obj["timestamp"]) / 1000.0, list(obj["hash_ids"])
-                    record = {"input_length": int(obj["input_length"]), "output_length": int(obj["output_length"])}
-                except (ValueError, KeyError, TypeError) as error:
-                    raise UserError(f"{path}:{lineno}: not a Mooncake record ({error})") from None
-                n += 1
-                if n <= skip:
-                    continue
-                base = ts if base is None else base
-                yield {**record, "hash_ids": ids, "at_s": ts - base, "source": f"{path}:{lineno}"}
-
-    return own_rows(), notes
+    return rows(), notes
 
 
 def trace_requests(
@@ -294,7 +262,7 @@ class BodyPreparer:
         if self.normalize:
             try:
                 body = self._normalize_body(body, self._settings).body
-            except Exception as error:  # NormalizationError, whatever its base class
+            except ValueError as error:  # NormalizationError
                 raise ValueError(f"rejected by the normalizer: {error}") from None
         return body
 
