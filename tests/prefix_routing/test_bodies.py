@@ -14,13 +14,7 @@ import pytest
 from prefix_routing import bodies
 from prefix_routing.bodies import BLOCK_BYTES, block_text, chat_body, common_prefix_length, prompt_text, serialize, vary
 
-try:
-    from prefix_routing.normalize import NormalizerSettings, normalize_body
-except Exception as error:  # pragma: no cover - normalize.py is another engineer's module
-    normalize_body = None
-    NORMALIZE_MISSING = f"prefix_routing.normalize is not importable ({type(error).__name__}: {error})"
-else:
-    NORMALIZE_MISSING = ""
+from prefix_routing.normalize import NormalizerSettings, normalize_body
 
 
 def nfc(value):
@@ -208,7 +202,6 @@ def test_vary_really_varies():
     assert vary(body, random.Random(5)) == vary(body, random.Random(5))
 
 
-@pytest.mark.skipif(normalize_body is None, reason=NORMALIZE_MISSING or "normalize available")
 def test_normalized_variants_have_identical_bytes():
     settings = NormalizerSettings(prefix_length=4096)
     rng = random.Random(3)

@@ -166,7 +166,6 @@ def test_the_real_process_exits_2_with_one_line(tmp_path):
 
 
 def test_simulate_raw_bodies(capsys, tmp_path):
-    pytest.importorskip("prefix_routing.normalize", reason="prefix_routing.normalize is not there yet")
     system = "Answer from the manual below. " + "The manual says many things. " * 200
     path = tmp_path / "bodies.jsonl"
     with path.open("w") as f:
@@ -189,8 +188,8 @@ def test_preset_list(capsys):
 
 
 def test_analyze_straight_from_cloudwatch(capsys, monkeypatch):
-    boto3 = pytest.importorskip("boto3")
-    moto = pytest.importorskip("moto")
+    import boto3
+    import moto
     from prefix_routing.telemetry import REQUEST_LOG_MESSAGE, LogField
 
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):

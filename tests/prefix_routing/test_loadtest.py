@@ -366,7 +366,6 @@ def test_bounds_stop_the_run_by_themselves():
 
 
 def test_vary_and_normalize_are_applied_before_sending():
-    pytest.importorskip("prefix_routing.normalize")
     work = items(3)
     with serve_runtime(EchoBackend()) as server:
         target = sagemaker(server)

@@ -188,8 +188,8 @@ def aws_env(monkeypatch):
 
 
 def test_cloudwatch_logs_through_moto(aws_env):
-    boto3 = pytest.importorskip("boto3")
-    moto = pytest.importorskip("moto")
+    import boto3
+    import moto
     with moto.mock_aws():
         client = boto3.client("logs", region_name="us-east-1")
         client.create_log_group(logGroupName="/aws/lambda/normalizer")
@@ -214,7 +214,7 @@ def test_cloudwatch_logs_through_moto(aws_env):
 
 
 def test_raw_bodies_are_normalized(tmp_path):
-    normalize = pytest.importorskip("prefix_routing.normalize", reason="prefix_routing.normalize is not there yet")
+    from prefix_routing import normalize
     system = "You are a careful assistant for the lab. " * 60  # ~2.5 KB shared system prompt
     bodies = [
         {"messages": [{"role": "system", "content": system}, {"role": "user", "content": "first question"}], "max_tokens": 64},
