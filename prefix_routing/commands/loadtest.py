@@ -128,19 +128,9 @@ def _settings(args: argparse.Namespace):
         if args.prefix_length is not None or args.normalizer_config:
             raise UserError("--prefix-length and --normalizer-config need --normalize")
         return None
-    try:
-        from prefix_routing.normalize import NormalizerSettings, SettingsError
-    except ImportError as error:
-        raise UserError(f"--normalize needs prefix_routing.normalize, which cannot be imported: {error}") from None
-    try:
-        settings = NormalizerSettings.load(args.normalizer_config) if args.normalizer_config else NormalizerSettings()
-        if args.prefix_length is not None:
-            data = {name: getattr(settings, name) for name in settings.__dataclass_fields__}
-            data["prefix_length"] = args.prefix_length
-            settings = NormalizerSettings.from_mapping(data, source="--prefix-length")
-    except SettingsError as error:
-        raise UserError(str(error)) from None
-    return settings
+    from prefix_routing.commands.normalize import load_settings
+
+    return load_settings(args.normalizer_config, args.prefix_length)
 
 
 def _target(args: argparse.Namespace):

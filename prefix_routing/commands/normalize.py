@@ -46,12 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _settings(args: argparse.Namespace) -> NormalizerSettings:
+def load_settings(config_path: str | None, prefix_length: int | None) -> NormalizerSettings:
+    """The normalizer settings of a command line: a JSON config file, then ``--prefix-length`` over it."""
     try:
-        settings = NormalizerSettings.load(args.config) if args.config else NormalizerSettings()
-        if args.prefix_length is not None:
+        settings = NormalizerSettings.load(config_path) if config_path else NormalizerSettings()
+        if prefix_length is not None:
             data = {name: getattr(settings, name) for name in settings.__dataclass_fields__}
-            data["prefix_length"] = args.prefix_length
+            data["prefix_length"] = prefix_length
             settings = NormalizerSettings.from_mapping(data, source="--prefix-length")
     except SettingsError as error:
         raise UserError(str(error)) from None
@@ -69,7 +70,7 @@ def _read(path: str) -> bytes:
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = load_settings(args.config, args.prefix_length)
     body = _read(args.file)
     try:
         result = normalize_body(body, settings)
