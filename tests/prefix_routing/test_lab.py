@@ -2,22 +2,19 @@
 
 import math
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
 from prefix_routing import lab, traces
 from prefix_routing.fleet import FleetConfig, Strategy
+from tests.conftest import MOONCAKE_TRACE
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-TRACE = REPO_ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"
+TRACE = MOONCAKE_TRACE
 
 
-@pytest.fixture(scope="module")
-def trace():
-    if not TRACE.exists():
-        pytest.skip(f"the Mooncake trace is not at {TRACE}")
-    return traces.read_mooncake(TRACE)
+@pytest.fixture
+def trace(mooncake_trace):
+    return mooncake_trace
 
 
 @pytest.fixture(scope="module")

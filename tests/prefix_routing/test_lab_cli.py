@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from prefix_routing.__main__ import main
+from tests.conftest import MOONCAKE_TRACE
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TRACE = REPO_ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"
+TRACE = MOONCAKE_TRACE
 
 needs_trace = pytest.mark.skipif(not TRACE.exists(), reason=f"the Mooncake trace is not at {TRACE}")
 

@@ -10,7 +10,6 @@ import json
 import os
 import sys
 import threading
-import unicodedata
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -20,6 +19,7 @@ from prefix_routing import loadtest as L
 from prefix_routing.__main__ import main
 from prefix_routing.errors import UserError
 from prefix_routing.runtime_server import EchoBackend, Faults, serve_runtime
+from tests.prefix_routing.test_bodies import nfc
 
 TOKEN = "test-token"
 
@@ -377,15 +377,6 @@ def test_vary_and_normalize_are_applied_before_sending():
         server.wait_until_idle(5)
         sent = [r.body for r in server.requests]
     assert len(sent) == 6
-    def nfc(value):
-        if isinstance(value, str):
-            return unicodedata.normalize("NFC", value)
-        if isinstance(value, list):
-            return [nfc(v) for v in value]
-        if isinstance(value, dict):
-            return {k: nfc(v) for k, v in value.items()}
-        return value
-
     def nfc_loads(data: bytes):
         return nfc(json.loads(data))
 

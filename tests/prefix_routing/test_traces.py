@@ -11,16 +11,14 @@ import pytest
 from prefix_routing import traces
 from prefix_routing.errors import UserError
 from prefix_routing.telemetry import REQUEST_LOG_MESSAGE, LogField
+from tests.conftest import MOONCAKE_TRACE
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-TRACE = REPO_ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"
+TRACE = MOONCAKE_TRACE
 
 
-@pytest.fixture(scope="module")
-def mooncake():
-    if not TRACE.exists():
-        pytest.skip(f"the Mooncake trace is not at {TRACE}")
-    return traces.read_mooncake(TRACE)
+@pytest.fixture
+def mooncake(mooncake_trace):
+    return mooncake_trace
 
 
 def write(tmp_path, name, lines) -> Path:
