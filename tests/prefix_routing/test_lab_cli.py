@@ -10,12 +10,9 @@ from pathlib import Path
 import pytest
 
 from prefix_routing.__main__ import main
-from tests.conftest import MOONCAKE_TRACE
+from tests.conftest import MOONCAKE_SLICE, require_shared_trace
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TRACE = MOONCAKE_TRACE
-
-needs_trace = pytest.mark.skipif(not TRACE.exists(), reason=f"the Mooncake trace is not at {TRACE}")
 
 
 def run(capsys, *argv):
@@ -28,9 +25,7 @@ def run(capsys, *argv):
 
 
 def _head(tmp_path, broken: bool) -> Path:
-    if not TRACE.exists():
-        pytest.skip(f"the Mooncake trace is not at {TRACE}")
-    with TRACE.open() as f:
+    with MOONCAKE_SLICE.open() as f:
         lines = [next(f).rstrip("\n") for _ in range(400)]
     if broken:
         lines.insert(2, '{"timestamp": 1, "input_length": 5')
@@ -41,7 +36,7 @@ def _head(tmp_path, broken: bool) -> Path:
 
 @pytest.fixture
 def small(tmp_path):
-    """The first 400 requests of the real trace."""
+    """The first 400 requests of the real trace (from the slice kept in tests/data)."""
     return _head(tmp_path, broken=False)
 
 
@@ -51,9 +46,8 @@ def broken(tmp_path):
     return _head(tmp_path, broken=True)
 
 
-@needs_trace
 def test_analyze_json(capsys):
-    code, out, err = run(capsys, "analyze", TRACE, "--json")
+    code, out, err = run(capsys, "analyze", require_shared_trace(), "--json")
     assert code == 0
     a = json.loads(out)
     for key in ("requests", "duration_s", "first_block_reuse", "hit_rate_bound", "key_groups"):
@@ -63,9 +57,8 @@ def test_analyze_json(capsys):
     assert [(g["blocks"], g["distinct"]) for g in a["key_groups"][:2]] == [(1, 1), (2, 7_373)]
 
 
-@needs_trace
 def test_analyze_text(capsys):
-    code, out, _ = run(capsys, "analyze", TRACE)
+    code, out, _ = run(capsys, "analyze", require_shared_trace())
     assert code == 0
     assert "requests: 12,031 over 3,537 s" in out
     assert "36.6% of blocks" in out

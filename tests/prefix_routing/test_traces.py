@@ -1,6 +1,7 @@
 """Trace readers: Mooncake, the normalizer's request log (file and CloudWatch), raw bodies."""
 
 import gzip
+import hashlib
 import json
 import math
 import time
@@ -11,9 +12,7 @@ import pytest
 from prefix_routing import traces
 from prefix_routing.errors import UserError
 from prefix_routing.telemetry import REQUEST_LOG_MESSAGE, LogField
-from tests.conftest import MOONCAKE_TRACE
-
-TRACE = MOONCAKE_TRACE
+from tests.conftest import MOONCAKE_SLICE
 
 
 @pytest.fixture
@@ -41,6 +40,24 @@ def test_the_real_trace(mooncake):
     assert mooncake.block_tokens == 512 and mooncake.block_bytes is None
     assert all(len(b) == math.ceil(p / 512) for b, p in zip(mooncake.blocks, mooncake.prompt_tokens))
     assert mooncake.blocks[0][0] == 0 and mooncake.arrivals[0] == 0.0
+
+
+def test_the_slice_kept_in_the_repository(mooncake_slice):
+    # Its README gives the source, the licence and the sha256 that pins these bytes.
+    readme = (MOONCAKE_SLICE.parent / "README.md").read_text()
+    assert hashlib.sha256(MOONCAKE_SLICE.read_bytes()).hexdigest() in readme
+    assert "Apache-2.0" in readme and "kvcache-ai/Mooncake" in readme
+    assert MOONCAKE_SLICE.stat().st_size <= 500_000
+    # The reader against the JSON itself, line by line.
+    rows = [json.loads(line) for line in MOONCAKE_SLICE.read_text().splitlines()]
+    assert len(mooncake_slice) == len(rows) == 1_000 and mooncake_slice.skipped.count == 0
+    assert mooncake_slice.arrivals == [r["timestamp"] / 1000 for r in rows]
+    assert mooncake_slice.duration_s == 330.0
+    assert mooncake_slice.prompt_tokens == [r["input_length"] for r in rows]
+    assert mooncake_slice.output_tokens == [r["output_length"] for r in rows]
+    # Interning keeps equality of ids: the same 781 distinct two-block keys as the raw ids.
+    assert len({tuple(b[:2]) for b in mooncake_slice.blocks}) == len({tuple(r["hash_ids"][:2]) for r in rows}) == 781
+    assert sum(map(len, mooncake_slice.blocks)) == 27_305
 
 
 def test_broken_lines_are_reported_with_their_numbers(tmp_path):
@@ -109,8 +126,8 @@ def test_replay_shifts_ids_and_times(tmp_path):
     assert trace.head(1).prompt_tokens == [600]
 
 
-def test_format_is_sniffed(tmp_path, mooncake):
-    assert traces.sniff_format(TRACE) == "mooncake"
+def test_format_is_sniffed(tmp_path):
+    assert traces.sniff_format(MOONCAKE_SLICE) == "mooncake"
     log = write(tmp_path, "log.jsonl", ["START RequestId: 1", {LogField.MESSAGE: REQUEST_LOG_MESSAGE}])
     assert traces.sniff_format(log) == "log"
     bodies = write(tmp_path, "bodies.jsonl", [{"messages": [{"role": "user", "content": "hi"}]}])
