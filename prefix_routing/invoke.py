@@ -1447,7 +1447,9 @@ class Invoker:
             failure = UpstreamError(502, "truncated", "the model's answer ended before its final chunk "
                                     "(truncated): do not use it as complete")
         if failure is not None:
-            record.status, record.error_kind, record.origin = failure.status, failure.kind, "upstream"
+            # An exception of ours mid-stream (classified "internal") is not the endpoint's failure.
+            origin = "internal" if failure.kind == "internal" else "upstream"
+            record.status, record.error_kind, record.origin = failure.status, failure.kind, origin
             if not reported_by_model:
                 yield _in_band_error(reader.format, failure, last)
             self._conclude(request, record, state)

@@ -508,9 +508,12 @@ def test_stream_yields_head_chunks_outcome_and_exact_params(lines):
     assert isinstance(outcome, invoke.Outcome) and outcome.status == 200 and outcome.error is None
     (params,) = runtime.calls
     identity = routing_identity(ROLE_TENANT, None, KEY)
+    # The canonical body written out from docs/normalizer.md: cache_salt, messages (role, content), model.
+    body = (b'{"cache_salt":"' + identity.cache_salt.encode() + b'","messages":[{"role":"system","content":'
+            b'"You are a terse assistant for invoices."},{"role":"user","content":"alpha beta gamma delta"}],'
+            b'"model":"m"}')
     assert params == {"EndpointName": "test-prefix-llm", "InferenceComponentName": "test-prefix-llm-ic",
-                      "PrefixAwareId": identity.prefix_aware_id, "ContentType": "application/json",
-                      "Body": invoke.prepare(invoke.request_from_event(url_event()), config(), KEY).normalized.body}
+                      "PrefixAwareId": identity.prefix_aware_id, "ContentType": "application/json", "Body": body}
     (log,) = lines.requests
     assert log["status"] == 200 and log["prompt_tokens"] == 12 and log["cached_tokens"] == 8
     assert log["output_tokens"] == 2 and log["tenant"] == ROLE_TENANT and log["attempts"] == 1
@@ -599,3 +602,77 @@ def test_error_fields_from_client_keys_are_redacted_in_the_log(lines):
     assert lines.requests[0]["error_field"] == "(redacted)" and "my secret prompt" not in "".join(lines.lines)
     invoker.buffered(invoke.request_from_event(url_event(b'{"messages": [{"role": "user"}]}')))
     assert lines.requests[1]["error_field"] == "messages[0].content"
+
+
+# --------------------------------------------------------------------------- our own failures
+# A bug in the front door (not the endpoint's failure) answers 500 "internal", is logged with status
+# 500 and origin internal, is never retried and is not counted as an upstream error.
+
+
+class BrokenRuntime(FakeRuntime):
+    """The runtime call itself fails with an exception no upstream raises (our bad parameters)."""
+
+    def invoke_endpoint_with_response_stream(self, **params):
+        self.calls.append(params)
+        raise TypeError("unexpected keyword argument (a bug of ours)")
+
+
+def assert_internal_telemetry(lines, *, sent: bool) -> dict:
+    (log,) = lines.requests
+    assert (log["status"], log["error_kind"]) == (500, "internal")
+    (emf,) = lines.emf
+    assert (emf["UpstreamErrors"], emf["ClientErrors"], emf["Requests"]) == (0, 0, 1 if sent else 0)
+    return log
+
+
+def test_a_bug_while_preparing_is_500_internal_and_not_an_upstream_error(lines, monkeypatch):
+    def broken_prepare(*args, **kwargs):
+        raise ZeroDivisionError("a bug of ours")
+
+    monkeypatch.setattr(invoke, "prepare", broken_prepare)
+    runtime = FakeRuntime()
+    items = list(invoke.Invoker(runtime, config(), KEY, emit=lines).stream(invoke.request_from_event(url_event())))
+    head, body, outcome = items
+    assert (head.status, head.headers["content-type"]) == (500, "application/json")
+    assert json.loads(body) == {"error": {"code": "internal", "message": "internal error in the front door",
+                                          "status": 500}}
+    assert (outcome.status, outcome.error["code"]) == (500, "internal")
+    assert runtime.calls == []
+    log = assert_internal_telemetry(lines, sent=False)
+    assert log["error_field"] == "ZeroDivisionError"  # the exception's class, never its text
+
+
+def test_a_bug_in_the_runtime_call_is_500_internal_and_never_retried(lines):
+    runtime = BrokenRuntime()
+    sleeps = []
+    invoker = invoke.Invoker(runtime, config(), KEY, emit=lines, sleep=sleeps.append)
+    head, body, outcome = list(invoker.stream(invoke.request_from_event(url_event())))
+    assert head.status == 500 and json.loads(body)["error"]["code"] == "internal"
+    assert outcome.status == 500
+    assert len(runtime.calls) == 1 and sleeps == []
+    log = assert_internal_telemetry(lines, sent=True)
+    assert log["attempts"] == 1
+
+
+def test_a_bug_after_the_first_byte_ends_the_stream_with_an_internal_error(lines, monkeypatch):
+    real_feed = invoke.StreamReader.feed
+    fed = []
+
+    def feed_then_fail(reader, data):
+        fed.append(data)
+        if len(fed) == 2:
+            raise KeyError("a bug of ours in the reader")
+        return real_feed(reader, data)
+
+    monkeypatch.setattr(invoke.StreamReader, "feed", feed_then_fail)
+    runtime = FakeRuntime()
+    head, first, *rest = list(invoke.Invoker(runtime, config(), KEY, emit=lines).stream(
+        invoke.request_from_event(url_event())))
+    assert head.status == 200 and first == runtime.chunks[0]  # the head and first byte were already sent
+    *chunks, error_event, outcome = rest
+    assert chunks == []  # the chunk being read when the bug struck is not passed on half-checked
+    assert error_event.startswith(b"data: ") and error_event.endswith(b"\n\n")
+    assert json.loads(error_event[len(b"data: "):])["error"]["type"] == "internal"
+    assert b"[DONE]" not in b"".join(rest[:-1])  # never looks complete
+    assert (outcome.status, outcome.error["code"]) == (500, "internal")
+    assert_internal_telemetry(lines, sent=True)
