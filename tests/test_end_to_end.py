@@ -110,13 +110,19 @@ def test_handler_accounts_for_every_request_once_under(fault):
     try:
         answers = [invoker.buffered(invoke.request_from_event(url_event(body))) for body in bodies]
         server.wait_until_idle(30)
+        records = server.requests
     finally:
         server.stop()
         client.close()
     ok = [a for a in answers if a.status == 200]
     failed = [a for a in answers if a.status != 200]
-    assert len(ok) + len(failed) == len(bodies)
     assert failed and ok
+    # Every attempt reached the emulator once (the calls are sequential, so its records are in order):
+    # a caller's answer is a success exactly when its last attempt met no fault.
+    attempts = [log["attempts"] for log in lines.requests]
+    assert len(attempts) == len(bodies) and sum(attempts) == len(records)
+    last_attempts = [records[sum(attempts[:i + 1]) - 1] for i in range(len(bodies))]
+    assert [a.status == 200 for a in answers] == [r.fault in (None, "slow_first_chunk") for r in last_attempts]
     assert {a.status for a in failed} <= HANDLER_STATUS[fault], {a.status for a in failed}
     assert all(a.body["error"]["message"] for a in failed)
     # No truncated or failed answer passes as complete: every 200 carries the model's final usage.

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from prefix_routing.errors import UserError
 from prefix_routing.fleet import (
+    REQUEST_OVERHEAD_S,
+    ROUTING_OVERHEAD_S,
     Fleet,
     FleetConfig,
     LatencyModel,
@@ -132,6 +134,89 @@ def test_spill_goes_to_another_copy_on_the_instance_then_another_instance():
     # Every copy is at the threshold now: the least loaded of all, home first on ties.
     last = fleet.submit(request, 0.0)
     assert (last.instance, last.copy) == (first.instance, first.copy) and not last.spilled
+
+
+class Loads:
+    """A PREFIX_AWARE fleet whose in-flight counts are set copy by copy, for the spill rule.
+
+    A key is found for each copy (its home); requests on that key go home while the copy is below
+    the threshold, so ``set(g, n)`` leaves exactly n requests in flight on copy g. Nothing retires:
+    every request is submitted at t = 0 with a long answer and ``advance`` is never called.
+    """
+
+    def __init__(self, instances: int, copies: int, threshold: int):
+        self.fleet = Fleet(cfg(instances=instances, copies=copies, preset=P5_8B, concurrency_threshold=threshold))
+        self.copies = copies
+        self.key_of: dict[int, str] = {}
+        i = 0
+        while len(self.key_of) < self.fleet.n:
+            self.key_of.setdefault(self.fleet.home(f"key-{i}"), f"key-{i}")
+            i += 1
+
+    def submit(self, g: int) -> Placement:
+        return self.fleet.submit(Request(100, 5000, (), key=self.key_of[g]), 0.0)
+
+    def set(self, g: int, n: int) -> None:
+        for _ in range(n):
+            p = self.submit(g)
+            assert (p.instance * self.copies + p.copy, p.spilled) == (g, False)
+
+    def placed(self, p: Placement) -> int:
+        return p.instance * self.copies + p.copy
+
+
+def test_spill_takes_the_least_loaded_copy_on_the_home_instance():
+    # 3 instances x 4 copies, threshold 3. Home copy 4 (instance 1, copy 0) is at the threshold; its
+    # siblings carry 2, 1 and 2 requests. The rule: the least-loaded other copy of the home instance
+    # below the threshold, i.e. copy 6, not the first one found (copy 5).
+    loads = Loads(instances=3, copies=4, threshold=3)
+    for g, n in {4: 3, 5: 2, 6: 1, 7: 2}.items():
+        loads.set(g, n)
+    p = loads.submit(4)
+    assert (loads.placed(p), p.spilled) == (6, True)
+    assert loads.fleet.spills == 1 and loads.fleet.outstanding()[6] == 2
+
+
+def test_spill_ties_on_the_home_instance_go_to_the_next_copy_after_home():
+    # Home copy 5 at the threshold; copies 4 and 7 both carry 1. "In order from the home copy": 6 (2),
+    # 7 (1), 4 (1) -> copy 7, the first of the least loaded after home (a scan from copy 0 gives 4).
+    loads = Loads(instances=3, copies=4, threshold=3)
+    for g, n in {5: 3, 4: 1, 6: 2, 7: 1}.items():
+        loads.set(g, n)
+    assert loads.placed(loads.submit(5)) == 7
+
+
+def test_spill_to_other_instances_takes_the_least_loaded_scanning_from_the_next_instance():
+    # 4 instances x 2 copies, threshold 2. The home instance 1 (copies 2, 3) is full. Loads elsewhere:
+    # instance 2: 1, 1; instance 3: 2, 0; instance 0: 0, 1. The least loaded below the threshold carry 0
+    # (copies 7 and 0); scanning from the next instance (2, 3, 0) finds copy 7 first.
+    # Bugs this catches: the first copy below the threshold (4), a scan from instance 0 (copy 0).
+    loads = Loads(instances=4, copies=2, threshold=2)
+    for g, n in {2: 2, 3: 2, 4: 1, 5: 1, 6: 2, 7: 0, 0: 0, 1: 1}.items():
+        loads.set(g, n)
+    p = loads.submit(2)
+    assert (loads.placed(p), p.spilled) == (7, True)
+    # Now 7 carries 1: the only copy at 0 is copy 0 (instance 0), reached last in the scan.
+    assert loads.placed(loads.submit(3)) == 0
+    # Then every copy below the threshold carries 1: the first of them from the next instance, copy 4.
+    assert loads.placed(loads.submit(2)) == 4
+
+
+def test_when_every_copy_is_at_the_threshold_the_least_loaded_of_all_home_first():
+    # 3 instances x 2 copies, threshold 2, every copy at the threshold.
+    loads = Loads(instances=3, copies=2, threshold=2)
+    for g in range(6):
+        loads.set(g, 2)
+    first = loads.submit(2)  # all equal: home wins the tie, and it is not a spill
+    assert (loads.placed(first), first.spilled) == (2, False)
+    # Copy 2 now carries 3: the least loaded of all, scanning from the copy after home, is copy 3.
+    second = loads.submit(2)
+    assert (loads.placed(second), second.spilled) == (3, True)
+    # Home copy 5 (instance 2): copies 0..4 carry 2 or 3; least loaded from 5 on wraps to copy 0.
+    third = loads.submit(5)
+    assert (loads.placed(third), third.spilled) == (5, False)  # 5 carries 2, the minimum: home first
+    assert loads.placed(loads.submit(5)) == 0
+    assert loads.fleet.spills == 2
 
 
 def test_random_and_least_outstanding_spread_load():
@@ -261,7 +346,11 @@ def test_slowdown_makes_an_instance_slower():
     slow.set_slowdown(0, 3.0)
     a = fast.submit(Request(8000, 10, [1]), 0.0)
     b = slow.submit(Request(8000, 10, [1]), 0.0)
-    assert b.ttft_s > 2.5 * a.ttft_s * 0.9
+    # The engine's work (prefill and decode steps) takes 3 times as long; the request and routing
+    # overheads (15 ms + 1.6 ms, outside the engine) do not.
+    overhead = REQUEST_OVERHEAD_S + ROUTING_OVERHEAD_S
+    assert b.ttft_s - overhead == pytest.approx(3.0 * (a.ttft_s - overhead), rel=1e-9)
+    assert b.per_token_s == pytest.approx(3.0 * a.per_token_s, rel=1e-9)
 
 
 def test_submit_and_the_fast_path_agree():

@@ -187,3 +187,24 @@ def test_tune_rejects_out_of_range_settings(trace):
         lab.tune(trace.head(10), FleetConfig(), prefix_lengths=[512], thresholds=[1])
     with pytest.raises(UserError, match="concurrency threshold 0"):
         lab.tune(trace.head(10), FleetConfig(), prefix_lengths=[4096], thresholds=[0])
+
+
+# ---------------------------------------------------------------- hit-rate arithmetic
+
+
+def test_hit_rate_counts_only_the_prompt_tokens_of_served_requests():
+    # Three requests on one copy with an unbounded cache and a 5 s invocation timeout:
+    #   1. 2,048 tokens, blocks 1 2 3 4 (cold): 0 cached;
+    #   2. 2,048 tokens, blocks 1 2 3 5: three 512-token blocks cached = 1,536;
+    #   3. 1,000,000 tokens of new blocks: its prefill takes far longer than 5 s, so it times out,
+    #      is never served and must not count in the denominator.
+    # Hit rate = 1,536 / (2,048 + 2,048) = 0.375 (with the timed-out prompt counted: about 0.0015).
+    big = list(range(100, 100 + 1_000_000 // 512 + 1))
+    trace = traces.Trace([0.0, 0.5, 1.0], [2048, 2048, 1_000_000], [10, 10, 10], [[1, 2, 3, 4], [1, 2, 3, 5], big])
+    config = FleetConfig(instances=1, cache_tokens=math.inf, timeout_s=5.0, strategy=Strategy.PREFIX_AWARE)
+    result = lab.simulate(trace, config)
+    assert result.timeouts == 1
+    assert result.hit_rate == 0.375
+    assert result.ttft[2] == 5.0  # a timed-out request's TTFT is the timeout
+    assert result.instance_hit_rates == [0.375]
+    assert result.hit_over_time[0][1] == 0.375  # the over-time figure has the same denominator

@@ -7,7 +7,6 @@ requests, and each failure names the fault the server injected (joined on the re
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,21 +18,11 @@ from prefix_routing import loadtest as L
 from prefix_routing.__main__ import main
 from prefix_routing.errors import UserError
 from prefix_routing.runtime_server import EchoBackend, Faults, serve_runtime
+from tests.network_guard import ISOLATED_AWS_ENV
 from tests.prefix_routing.test_bodies import nfc
 
 TOKEN = "test-token"
-
-
-@pytest.fixture(autouse=True)
-def _credentials(monkeypatch):
-    # Never the developer's real credentials or config; nothing here leaves 127.0.0.1.
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
-    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+FAKE_KEY_ID = ISOLATED_AWS_ENV["AWS_ACCESS_KEY_ID"]  # the isolated credentials sign the requests
 
 
 def mooncake_lines(n: int, output_length: int = 6) -> list[str]:
@@ -141,7 +130,13 @@ def test_run_completes_with_correct_counts_usage_and_hits():
     assert summary["succeeded"] == 12 and summary["errors_by_kind"] == {}
     assert summary["stopped_by"] == "end of input"
     assert summary["output_tokens"] == 12 * 6 and summary["requests_with_usage"] == 12
-    assert 0 < summary["hit_rate"] < 1  # later turns of a conversation reuse its earlier blocks
+    # Later turns of a conversation reuse its earlier blocks. The hit rate is token-weighted (cached ÷
+    # prompt tokens, each summed over the requests), not a mean of per-request rates, which differs here.
+    prompt = sum(row.prompt_tokens for row in result.results)
+    cached = sum(row.cached_tokens for row in result.results)
+    per_request_mean = sum(row.cached_tokens / row.prompt_tokens for row in result.results) / 12
+    assert 0 < cached < prompt and summary["hit_rate"] == round(cached / prompt, 4)
+    assert abs(summary["hit_rate"] - per_request_mean) > 0.01
     for row in result.results:
         record = records[row.request_id]
         assert record.outcome == "ok"
@@ -233,7 +228,7 @@ class _FunctionUrl(BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers["Content-Length"]))
         auth = self.headers.get("Authorization", "")
         type(self).seen.append((auth, self.headers.get("X-Amz-Date"), self.headers.get("x-tenant-id"), body))
-        if not auth.startswith("AWS4-HMAC-SHA256 Credential=test/") or "/lambda/aws4_request" not in auth:
+        if not auth.startswith(f"AWS4-HMAC-SHA256 Credential={FAKE_KEY_ID}/") or "/lambda/aws4_request" not in auth:
             payload = b'{"message":"Forbidden"}'
             self.send_response(403)
             self.send_header("Content-Length", str(len(payload)))
@@ -461,3 +456,47 @@ def test_cli_bad_input_is_one_line_and_exit_2(argv, message, trace_file, capsys)
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], captured.err
     assert "Traceback" not in captured.err
+
+
+# --------------------------------------------------------------------------- the summary's arithmetic
+
+
+def row(i, *, ok=True, ttft=None, e2e=None, prompt=None, cached=None, output=None, kind=None) -> L.RequestResult:
+    return L.RequestResult(index=i, source=f"r{i}", ok=ok, error_kind=kind, error_detail=None, status=200 if ok else 502,
+                           request_id=f"id-{i}", start_s=float(i), scheduled_s=None, ttft_s=ttft, e2e_s=e2e,
+                           output_tokens=output, prompt_tokens=prompt, cached_tokens=cached, finish_reason=None,
+                           body_bytes=10, bytes_received=10)
+
+
+def test_percentile_interpolates_between_closest_ranks():
+    # Hand computed: position = (n - 1) × q / 100, then linear between the two ranks around it.
+    assert L.percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5  # position 1.5: 2 + 0.5 × (3 − 2)
+    assert L.percentile([10, 20, 30, 40, 50], 90) == pytest.approx(46.0)  # position 3.6: 40 + 0.6 × 10
+    assert L.percentile(list(range(1, 101)), 99) == pytest.approx(99.01)  # position 98.01
+    assert L.percentile([10, 20, 30, 40, 50], 0) == 10 and L.percentile([10, 20, 30, 40, 50], 100) == 50
+    assert L.percentile([7.0], 90) == 7.0
+    assert L.percentile([], 50) is None and L.percentile([None, float("nan")], 50) is None
+    assert L.percentile([3.0, None, 1.0], 50) == 2.0  # missing values are left out
+
+
+def test_summary_hit_rate_is_token_weighted_over_succeeded_requests():
+    rows = [
+        row(0, ttft=0.1, e2e=1.0, prompt=1000, cached=900, output=10),  # 90 %
+        row(1, ttft=0.3, e2e=2.0, prompt=100, cached=0, output=10),  # 0 %
+        row(2, ttft=0.2, e2e=1.5, prompt=400, cached=None, output=5),  # no cache figure: counts as 0 cached
+        row(3, ok=False, kind="model_error", prompt=5000, cached=5000),  # failed: left out
+        row(4, ttft=0.4, e2e=0.5, prompt=None, cached=None, output=1),  # no usage: left out
+    ]
+    summary = L.summarize(L.LoadResult(rows, started_at=0.0, duration_s=10.0, stopped_by="end of input"))
+    # Token-weighted: (900 + 0 + 0) / (1000 + 100 + 400) = 0.6. (A mean of per-request rates gives 0.3.)
+    assert summary["hit_rate"] == 0.6
+    assert (summary["prompt_tokens"], summary["cached_tokens"], summary["requests_with_usage"]) == (1500, 900, 3)
+    assert (summary["succeeded"], summary["failed"], summary["errors_by_kind"]) == (4, 1, {"model_error": 1})
+    assert summary["error_rate"] == 0.2 and summary["achieved_rate_rps"] == 0.5
+    # TTFT over succeeded requests: 0.1, 0.2, 0.3, 0.4 -> P50 0.25 (position 1.5), P90 0.37 (position 2.7).
+    assert summary["ttft_p50_s"] == 0.25 and summary["ttft_p90_s"] == 0.37
+    assert summary["ttft_mean_s"] == 0.25 and summary["ttft_max_s"] == 0.4
+    # Output tokens of succeeded requests: 10 + 10 + 5 + 1 over 10 s.
+    assert summary["output_tokens"] == 26 and summary["output_tokens_per_s"] == 2.6
+    # Decode speed: (output − 1) / (e2e − ttft) for outputs > 1: 9/0.9 = 10, 9/1.7 ≈ 5.294, 4/1.3 ≈ 3.077 -> P50 5.294.
+    assert summary["decode_tokens_per_s_p50"] == 5.294

@@ -71,11 +71,46 @@ def test_prompt_first_then_known_fields_then_unknown_sorted():
     )
 
 
+def documented_field_order() -> list[str]:
+    """The known fields as docs/normalizer.md lists them (the sentence that ends in `KNOWN_FIELD_ORDER`)."""
+    text = (ROOT / "docs" / "normalizer.md").read_text(encoding="utf-8")
+    start = text.index("then the known fields in this order")
+    sentence = text[start:text.index("(`KNOWN_FIELD_ORDER`)", start)]
+    return re.findall(r"`([a-z_]+)`", sentence)
+
+
 def test_known_field_order_is_the_documented_list():
-    fields = {name: index for index, name in enumerate(KNOWN_FIELD_ORDER)}
-    body = {"prompt": "x", **dict(reversed(list(fields.items())))}
-    keys = list(parsed(norm(body)))
-    assert keys == ["prompt", *KNOWN_FIELD_ORDER]
+    documented = documented_field_order()
+    assert documented[:2] == ["model", "tools"] and documented[-1] == "metadata" and len(documented) == 30
+    assert list(KNOWN_FIELD_ORDER) == documented
+
+
+def test_golden_body_with_every_known_field_and_unknown_ones():
+    # Every known field and four unknown ones, sent in reverse order with the prompt last. The
+    # expected bytes are written out by hand from docs/normalizer.md: the prompt, the known fields in
+    # the documented order, then unknown fields by code point ("A" < "_" < "z" < "é"); deeper objects
+    # (metadata) keep the order they were sent in. A change here changes every routing key.
+    body = (
+        '{"é": 0, "zz_custom": 1, "_x": 0, "Aa": 0, "metadata": {"b": 1, "a": 2}, "user": "u-1",'
+        ' "stream_options": {"include_usage": true}, "stream": true, "suffix": "!", "echo": false,'
+        ' "logit_bias": {"50256": -100}, "top_logprobs": 2, "logprobs": true, "best_of": 1, "n": 1,'
+        ' "stop_token_ids": [128009], "stop": ["\\n\\n"], "seed": 7, "repetition_penalty": 1.1,'
+        ' "presence_penalty": 0.1, "frequency_penalty": 0.2, "min_p": 0.05, "top_k": 40, "top_p": 0.9,'
+        ' "temperature": 0.2, "max_completion_tokens": 300, "max_tokens": 256, "response_format": {"type": "text"},'
+        ' "function_call": "auto", "functions": [{"name": "f"}], "parallel_tool_calls": false,'
+        ' "tool_choice": "auto", "tools": [{"type": "function", "function": {"name": "g"}}], "model": "llama",'
+        ' "messages": [{"content": "hi", "role": "user"}]}'
+    )
+    assert norm(body).body == (
+        b'{"messages":[{"role":"user","content":"hi"}],"model":"llama",'
+        b'"tools":[{"type":"function","function":{"name":"g"}}],"tool_choice":"auto","parallel_tool_calls":false,'
+        b'"functions":[{"name":"f"}],"function_call":"auto","response_format":{"type":"text"},'
+        b'"max_tokens":256,"max_completion_tokens":300,"temperature":0.2,"top_p":0.9,"top_k":40,"min_p":0.05,'
+        b'"frequency_penalty":0.2,"presence_penalty":0.1,"repetition_penalty":1.1,"seed":7,"stop":["\\n\\n"],'
+        b'"stop_token_ids":[128009],"n":1,"best_of":1,"logprobs":true,"top_logprobs":2,"logit_bias":{"50256":-100},'
+        b'"echo":false,"suffix":"!","stream":true,"stream_options":{"include_usage":true},"user":"u-1",'
+        b'"metadata":{"b":1,"a":2},"Aa":0,"_x":0,"zz_custom":1,"\xc3\xa9":0}'
+    )
 
 
 def test_message_keys_role_content_then_sorted_and_parts_type_first():

@@ -59,6 +59,24 @@ def test_prefill_anchors_for_70b_tp8_on_h100():
     assert lat.prefill_s(1000, 8000) == pytest.approx(0.052, rel=0.15)
 
 
+def test_prefill_follows_its_formula_exactly():
+    """The anchors above measure the model's fidelity (±10–30 %); this pins its arithmetic, by hand
+    from the documented formula and the preset's inputs (Llama 3.1 70B, TP8, 24,000 prefill tokens/s
+    at 4,096 uncached): F = [2·P·4096 + 4·L·H·4096·2048] × 24,000 / 4,096, compute = [2·P·n +
+    4·L·H·n·(cached + n/2)] / F, plus one engine step per 8,192-token chunk."""
+    P, L, H = 70.55e9, 80, 8192
+    flops = (2 * P * 4096 + 4 * L * H * 4096 * 2048) * 24_000 / 4096
+    lat = LatencyModel.from_preset(get_preset("p5.48xlarge-llama3.1-70b"))
+    assert lat.effective_flops == pytest.approx(flops, rel=1e-12)
+    for new, cached, chunks in ((200, 8000, 1), (8200, 0, 2), (20_000, 4000, 3)):
+        compute = (2 * P * new + 4 * L * H * new * (cached + new / 2)) / flops
+        assert lat.prefill_compute_s(new, cached) == pytest.approx(compute, rel=1e-12)
+        assert lat.prefill_s(new, cached) == pytest.approx(compute + chunks * lat.step_s(0, 0), rel=1e-12)
+        assert lat.prefill_s(new, cached, 4, 9000) == pytest.approx(compute + chunks * lat.step_s(4, 9000), rel=1e-12)
+    # 4,096 uncached tokens' compute runs at exactly the preset's prefill throughput.
+    assert 4096 / lat.prefill_compute_s(4096, 0) == pytest.approx(24_000, rel=1e-12)
+
+
 def test_vllm_ci_decode_anchor_h200_8b():
     """vLLM CI: Llama 3.1 8B TP1 on H200, batch 8, 32 in / 128 out ≈ 6.5 ms per step."""
     preset = dataclasses.replace(get_preset("p5.48xlarge-llama3.1-8b"), instance=INSTANCES["ml.p5e.48xlarge"])
