@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 STAGE ?= default
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION = 20
 
-.PHONY: install synth synth-all test bench demo clean
+.PHONY: install synth synth-all test bench mutants demo clean
 
 install: .install-stamp
 
@@ -38,12 +38,19 @@ test: install
 	$(PY) -m pytest
 
 bench: install
-	$(PY) bench/bench_normalize.py
-	$(PY) bench/bench_simulate.py
+	@failed=; for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || failed="$$failed $$b"; done; \
+	if [ -n "$$failed" ]; then echo "target missed or error:$$failed"; exit 1; fi
+
+# A mutation-testing pass over the routing, normalizer, error-classification and summary functions
+# (tools/mutation_targets.txt); prints the score per area. Not part of `make test`: 30-60 minutes.
+mutants: install
+	$(PY) -m pip install --quiet -r requirements-mutants.txt
+	rm -rf mutants
+	HYPOTHESIS_PROFILE=ci $(PY) tools/mutants.py
 
 # RANDOM vs PREFIX_AWARE, careless vs normalized clients, through the emulator (about 2 minutes).
 demo: install
 	$(PY) -m prefix_routing demo
 
 clean:
-	rm -rf cdk.out build .install-stamp
+	rm -rf cdk.out build .install-stamp mutants
