@@ -27,6 +27,27 @@ def synth(config):
     }
 
 
+def validation_report(app_or_stacks):
+    """The validation report the checks wrote to the cloud assembly (``validation-report.json``).
+
+    Takes the App, or ``synth``'s stacks; also readable after a synth that failed the checks.
+    """
+    root = getattr(app_or_stacks, "endpoint", app_or_stacks).node.root
+    return json.loads((Path(root.outdir) / "validation-report.json").read_text())
+
+
+def nag_report(app_or_stacks):
+    """The AwsSolutions plugin's part of the validation report (exactly one)."""
+    reports = [r for r in validation_report(app_or_stacks)["pluginReports"] if r["pluginName"] == "AwsSolutions"]
+    assert len(reports) == 1, reports
+    return reports[0]
+
+
+def findings(entries):
+    """{(rule, construct path)} of a report's ``violations`` or ``suppressedViolations``."""
+    return {(entry["ruleName"], c["constructPath"]) for entry in entries for c in entry["violatingConstructs"]}
+
+
 def stage_with(**sections):
     """The default stage with some sections' fields replaced."""
     data = json.loads(json.dumps(DEFAULT_STAGE_DATA))
