@@ -407,8 +407,38 @@ def test_classify_error(error, status, kind, retryable):
     upstream = invoke.classify_error(error)
     assert (upstream.status, upstream.kind, upstream.retryable) == (status, kind, retryable)
     assert "\n" not in upstream.message
+    response = getattr(error, "response", None)
+    code = response["Error"]["Code"] if isinstance(response, dict) else None
+    # docs/normalizer-lambda.md: the error carries the endpoint's own code as upstream_code ...
+    assert upstream.upstream_code == code
+    if code is not None and kind != "upstream_denied":
+        # ... and the message what the endpoint said (access errors name only the code).
+        assert response["Error"]["Message"] in upstream.message
+    elif kind == "upstream_denied":
+        assert upstream.message == f"the front door may not invoke the endpoint: {code}"
+    else:  # no response: the exception's class says what failed
+        assert type(error).__name__ in upstream.message or kind == "timeout"
     if kind == "model_error":
-        assert "400" in upstream.message
+        assert "(the model answered 400)" in upstream.message
+
+
+def test_classify_error_keeps_an_upstream_error_and_flattens_long_messages():
+    already = invoke.UpstreamError(502, "truncated", "cut")
+    assert invoke.classify_error(already) is already
+    long = _client_error("ValidationError")
+    long.response["Error"]["Message"] = "line one\nline two\r" + "x" * 400
+    message = invoke.classify_error(long).message
+    assert "\n" not in message and "\r" not in message and "line one line two" in message
+    assert message.endswith("…") and len(message) <= 300 + len("the endpoint rejected the request: ValidationError: ")
+
+
+def test_upstream_error_body_is_the_documented_shape():
+    error = invoke.UpstreamError(429, "throttled", "slow down", retryable=True, upstream_code="ThrottlingException")
+    assert error.body(3) == {"error": {"code": "throttled", "message": "slow down", "status": 429,
+                                       "upstream_code": "ThrottlingException", "attempts": 3}}
+    assert invoke.UpstreamError(504, "timeout", "late").body() == {
+        "error": {"code": "timeout", "message": "late", "status": 504}}
+    assert str(error) == "slow down" and error.retryable is True
 
 
 # --------------------------------------------------------------------------- telemetry

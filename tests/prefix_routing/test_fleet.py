@@ -388,3 +388,103 @@ def test_latency_model_from_preset_is_exposed():
     lat = Fleet(cfg()).latency
     assert isinstance(lat, LatencyModel)
     assert lat.max_num_seqs == get_preset(P5_70B).max_num_seqs
+
+
+# ---------------------------------------------------------------- keys, homes and the in-flight count
+
+
+def splitmix64_finalizer(x: int) -> int:
+    """splitmix64's finalizer, written out from its reference (Steele, Lea & Flood)."""
+    m = (1 << 64) - 1
+    x = (x + 0x9E3779B97F4A7C15) & m
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & m
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & m
+    return x ^ (x >> 31)
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_homes_are_the_documented_hashes(seed):
+    # Integer keys: Fibonacci hashing of key XOR the seed's mix, top 48 bits, mod copies. Other keys:
+    # the mix of their stable hash XOR the seed's mix, mod copies. The same homes in every process.
+    fleet = Fleet(cfg(instances=5, seed=seed))
+    m, seed_mix = (1 << 64) - 1, splitmix64_finalizer(seed)
+    for key in (0, 1, 12_345, 2**40 + 3, 2**64 - 1):
+        assert fleet.home(key) == ((((key ^ seed_mix) * 0x9E3779B97F4A7C15) & m) >> 16) % 5
+    for key in ("tenant-a", ("t", 42)):
+        assert fleet.home(key) == splitmix64_finalizer(stable_hash(key) ^ seed_mix) % 5
+    assert len({fleet.home(k) for k in range(200)}) == 5
+    # The router's fast path agrees with home() for both kinds of key.
+    for key in (12_345, "tenant-a"):
+        g = fleet.submit(Request(100, 2, (), key=key), 0.0)
+        assert g.instance == fleet.home(key) and g.prompt_tokens == 100
+
+
+def test_stable_hash_of_none_tuples_and_other_values():
+    assert stable_hash(None) == 0x5BD1E995
+    x = splitmix64_finalizer(0x9E3779B97F4A7C15 ^ stable_hash("a"))
+    assert stable_hash(("a", 1)) == splitmix64_finalizer(x ^ 1)
+    assert stable_hash(2.5) == stable_hash(repr(2.5)) != stable_hash(repr(3.5))
+
+
+def test_an_explicit_key_still_routes_apart_by_prefix_aware_id():
+    fleet = Fleet(cfg(instances=8))
+    assert fleet.key_for(Request(10, 1, (), key="k")) == "k"
+    assert fleet.key_for(Request(10, 1, (), routing_id="t1", key="k")) == ("t1", "k")
+    homes = {fleet.submit(Request(10, 1, (), routing_id=f"t{i}", key="k"), 0.0).instance for i in range(40)}
+    assert len(homes) >= 6
+
+
+def test_spills_are_counted_on_the_copy_that_took_them():
+    loads = Loads(instances=3, copies=4, threshold=3)
+    for g, n in {4: 3, 5: 2, 6: 1, 7: 2}.items():
+        loads.set(g, n)
+    loads.submit(4)  # to copy 6
+    loads.submit(4)  # copy 6 now carries 2, like 5 and 7: the first after home, copy 5
+    spills_in = [s.spills_in for s in loads.fleet.copy_stats()]
+    assert spills_in == [0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0]
+    assert loads.fleet.spills == 2
+
+
+def test_advance_retires_every_finished_request_on_every_copy():
+    # Short requests on copies 0..3 (one copy per instance), all done within a
+    # second: advancing to t = 1.5, less than the largest copy index, retires all four and says so.
+    loads = Loads(instances=4, copies=1, threshold=5)
+    placed = [loads.fleet.submit(Request(100, 2, (), key=loads.key_of[g]), 0.0) for g in range(4)]
+    assert [p.instance for p in placed] == [0, 1, 2, 3]
+    assert max(p.finish_s for p in placed) < 1.5
+    assert loads.fleet.outstanding() == [1, 1, 1, 1]
+    assert loads.fleet.advance(0.0) == 0
+    assert loads.fleet.advance(1.5) == 4
+    assert loads.fleet.outstanding() == [0, 0, 0, 0]
+
+
+def test_release_frees_the_copy_it_names():
+    loads = Loads(instances=2, copies=2, threshold=5)
+    p = loads.submit(3)  # instance 1, copy 1
+    loads.set(2, 1)
+    loads.fleet.release(p)
+    assert loads.fleet.outstanding() == [0, 0, 1, 0]
+
+
+# ---------------------------------------------------------------- the engine's admission
+
+
+def test_a_request_waits_for_kv_budget_first_come_first_served():
+    # One copy whose KV budget is 10,000 tokens. A reserves 4,000 + 4,000 = 8,000 while it runs.
+    fleet = Fleet(cfg(instances=1, cache_tokens=10_000))
+    overhead = REQUEST_OVERHEAD_S + ROUTING_OVERHEAD_S
+    a = fleet.submit(Request(4000, 4000, list(range(1, 9))), 0.0)
+    a_engine_done = a.finish_s - overhead
+    # B needs 4,010: 8,000 + 4,010 > 10,000, so it starts when A's engine work ends.
+    b = fleet.submit(Request(4000, 10, list(range(20, 28))), 0.001)
+    assert b.start_s == pytest.approx(a_engine_done, rel=1e-12) and b.queued_s > 1.0
+    # C would fit beside A, but arrives after B: first come, first served, it never overtakes B.
+    c = fleet.submit(Request(100, 10, [40]), 0.002)
+    assert c.start_s >= b.start_s
+
+
+def test_a_request_that_just_fits_the_kv_budget_starts_at_once():
+    fleet = Fleet(cfg(instances=1, cache_tokens=10_000))
+    fleet.submit(Request(4000, 4000, list(range(1, 9))), 0.0)
+    d = fleet.submit(Request(1990, 10, [50, 51, 52, 53]), 0.001)  # 8,000 + 2,000 = 10,000: fits exactly
+    assert d.start_s == 0.001
