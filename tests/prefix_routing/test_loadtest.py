@@ -500,3 +500,31 @@ def test_summary_hit_rate_is_token_weighted_over_succeeded_requests():
     assert summary["output_tokens"] == 26 and summary["output_tokens_per_s"] == 2.6
     # Decode speed: (output − 1) / (e2e − ttft) for outputs > 1: 9/0.9 = 10, 9/1.7 ≈ 5.294, 4/1.3 ≈ 3.077 -> P50 5.294.
     assert summary["decode_tokens_per_s_p50"] == 5.294
+    # E2E over succeeded requests: 1.0, 2.0, 1.5, 0.5 -> sorted 0.5 1.0 1.5 2.0: P50 1.25, mean 1.25, max 2.0.
+    assert (summary["e2e_p50_s"], summary["e2e_mean_s"], summary["e2e_max_s"]) == (1.25, 1.25, 2.0)
+    assert summary["attempts"] == 5 and summary["request_ids_seen"] == 5
+    assert (summary["duration_s"], summary["stopped_by"], summary["skipped_not_sent"]) == (10.0, "end of input", 0)
+    assert summary["client_cpu_utilization"] is None and summary["schedule_lag_p50_s"] is None
+
+
+def test_summary_of_a_paced_run_with_retries_skips_and_client_figures():
+    rows = [row(i, ttft=0.1 * (i + 1), e2e=1.0, prompt=10, cached=5, output=2) for i in range(4)]
+    for i, r in enumerate(rows):
+        r.scheduled_s = float(i)
+        r.start_s = i + 0.01 * (i + 1)  # late by 10, 20, 30, 40 ms
+        r.client_overhead_s = 0.001 * (i + 1)
+    rows[1].attempts = 3
+    rows[2].request_id = None
+    result = L.LoadResult(rows, started_at=0.0, duration_s=4.0, stopped_by="duration",
+                          skipped=[("x:1", "bad line")], client_cpu_s=1.0)
+    summary = L.summarize(result)
+    assert summary["attempts"] == 6 and summary["request_ids_seen"] == 3 and summary["skipped_not_sent"] == 1
+    assert summary["stopped_by"] == "duration" and summary["achieved_rate_rps"] == 1.0
+    assert summary["client_cpu_utilization"] == 0.25  # 1 CPU second over 4 s
+    assert summary["client_overhead_p50_s"] == 0.0025  # 1, 2, 3, 4 ms -> 2.5 ms
+    assert summary["schedule_lag_p50_s"] == 0.025 and summary["schedule_lag_max_s"] == 0.04
+    assert summary["error_rate"] == 0.0 and summary["errors_by_kind"] == {}
+    assert summary["hit_rate"] == 0.5
+    empty = L.summarize(L.LoadResult([], started_at=0.0, duration_s=0.0, stopped_by="end of input"))
+    assert empty["error_rate"] is None and empty["achieved_rate_rps"] is None and empty["hit_rate"] is None
+    assert empty["ttft_p50_s"] is None and empty["ttft_mean_s"] is None and empty["output_tokens_per_s"] is None

@@ -374,6 +374,40 @@ def test_routing_identity_shape_and_secrecy():
     assert routing_identity("tenant-42", "chatbot", KEY) == identity  # deterministic
 
 
+def test_routing_identity_is_the_documented_hmac_construction():
+    import hmac as hmac_
+
+    def documented(tenant: str, application: str | None, key: bytes) -> tuple[str, str]:
+        t = tenant.encode("utf-8")
+        message = len(t).to_bytes(4, "big") + t
+        if application is None:
+            message += b"\x00"
+        else:
+            a = application.encode("utf-8")
+            message += b"\x01" + len(a).to_bytes(4, "big") + a
+        rid = hmac_.new(key, b"prefix_routing/prefix-aware-id/v1\x00" + message, hashlib.sha256).hexdigest()[:40]
+        salt = hmac_.new(key, b"prefix_routing/cache-salt/v1\x00" + message, hashlib.sha256).hexdigest()[:32]
+        return "pa-" + rid, salt
+
+    for tenant, application in (("acme", None), ("acme", "support-bot"), ("Zoë", "écrit"), ("a" * 300, "b")):
+        identity = routing_identity(tenant, application, KEY)
+        assert (identity.prefix_aware_id, identity.cache_salt) == documented(tenant, application, KEY)
+        assert len(identity.prefix_aware_id) == 43 and len(identity.cache_salt) == 32
+
+
+def test_routing_identity_key_length_boundary_and_messages():
+    assert routing_identity("t", None, b"k" * 16).prefix_aware_id.startswith("pa-")
+    assert routing_identity("t", None, bytearray(b"k" * 16)) == routing_identity("t", None, memoryview(b"k" * 16))
+    with pytest.raises(ValueError, match=r"^key: must be at least 16 bytes of secret key material$"):
+        routing_identity("t", None, b"k" * 15)
+    with pytest.raises(ValueError, match=r'^tenant: must be a non-empty string \(got string ""\)$'):
+        routing_identity("", None, KEY)
+    with pytest.raises(ValueError, match=r"^application: must be None or a non-empty string \(got number 5\)$"):
+        routing_identity("t", 5, KEY)
+    with pytest.raises(ValueError, match=r"^tenant/application: must be valid Unicode \(no unpaired surrogates\)$"):
+        routing_identity("t\udc80", None, KEY)
+
+
 def test_routing_identity_separates_tenants_applications_and_keys():
     identities = [
         routing_identity("a", None, KEY),
