@@ -497,6 +497,63 @@ def test_block_hashes_are_chained_over_full_blocks():
         block_hashes(data, 0)
 
 
+def test_fingerprint_and_block_sizes_at_their_boundaries():
+    # Exactly n full blocks: all n hashed; one byte short of that: n - 1. A size of 1 is allowed.
+    assert len(block_hashes(b"x" * 128, 64)) == 2 and len(block_hashes(b"x" * 127, 64)) == 1
+    assert len(block_hashes(b"abc", 1)) == 3
+    assert prefix_fingerprint(b"abc", 1) == hashlib.sha256(b"a").hexdigest()[:16]
+    for bad in (0, -1, True, 2.0, "64"):
+        with pytest.raises(ValueError, match=rf"^block_bytes: must be a positive integer \(got {re.escape(repr(bad))}\)$"):
+            block_hashes(b"x" * 100, bad)
+        with pytest.raises(ValueError, match=rf"^prefix_length: must be a positive integer \(got {re.escape(repr(bad))}\)$"):
+            prefix_fingerprint(b"x" * 100, bad)
+
+
+def test_changes_name_each_text_rule_with_its_paths():
+    body = {"messages": [system("Be brief.  \n"), user("cafe\u0301 ?\r\nyes"), user("plain")], "model": "m"}
+    changes = norm(body).changes
+    by_rule = {
+        "NFC": "messages[1].content",
+        "CRLF": "messages[1].content",
+        "before line ends": "messages[0].content",
+        "end of the system prompt": "messages[0].content",
+    }
+    for label, path in by_rule.items():
+        assert any(label in line and path in line and "in 1 text:" in line for line in changes), (label, changes)
+    assert not any("messages[2]" in line for line in changes)
+
+
+def test_a_long_text_gets_the_same_rules_line_by_line():
+    # Texts of 512 characters or more take the line-wise path; the result is the same as the short path's.
+    line = "word " * 20 + "\u0065\u0301  "
+    long_text = "\r\n".join([line] * 8)
+    assert len(long_text) >= 512
+    # Spaces go only before a line feed: the last line keeps its two (the model continues there).
+    clean = "word " * 20 + "\u00e9"
+    assert normalize_text(long_text) == "\n".join([clean] * 7 + [clean + "  "])
+    short = line + "\r\n" + line
+    assert len(short) < 512 and normalize_text(short) == clean + "\n" + clean + "  "
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"model": "m"}, 'body: no prompt field; allowed: exactly one of "messages" (chat), "prompt" (completion) '
+                         'or "inputs" (LMI/TGI)'),
+        ({"prompt": "a", "inputs": "b"}, 'body: several prompt fields (prompt, inputs); allowed: exactly one of '
+                                         '"messages" (chat), "prompt" (completion) or "inputs" (LMI/TGI)'),
+        ({"inputs": "a", "parameters": [1]}, "parameters: not an object (got a list of 1 item); allowed: an object "
+                                             "of generation parameters"),
+        ({"prompt": "a", "cache_salt": ""}, 'cache_salt: not a non-empty string (got string ""); allowed: a '
+                                            "non-empty string"),
+    ],
+)
+def test_body_shape_errors_name_field_value_and_allowed(body, message):
+    with pytest.raises(NormalizationError) as caught:
+        norm(body)
+    assert str(caught.value) == message
+
+
 def test_normalized_carries_fingerprints_of_its_body():
     settings = NormalizerSettings(prefix_length=1024, block_bytes=128)
     result = norm(chat(user("word " * 1000)), settings)
