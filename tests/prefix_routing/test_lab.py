@@ -78,8 +78,8 @@ def test_prefix_aware_within_the_first_block_uses_one_instance(trace, eight_infi
     assert r.timeouts > 1000 and r.ttft_p50_s > 10
 
 
-def test_results_are_identical_for_the_same_seed(trace):
-    subset = trace.head(3000)
+def test_results_are_identical_for_the_same_seed(mooncake_slice):
+    subset = mooncake_slice
     config = FleetConfig(instances=8, seed=7)
 
     def run(seed):
@@ -93,16 +93,16 @@ def test_results_are_identical_for_the_same_seed(trace):
     assert first[0] != run(8)[0]  # RANDOM depends on the seed
 
 
-def test_speed_compresses_time(trace):
-    subset = trace.head(2000)
+def test_speed_compresses_time(mooncake_slice):
+    subset = mooncake_slice
     slow = lab.simulate(subset, FleetConfig(instances=8, strategy=Strategy.RANDOM))
     fast = lab.simulate(subset, FleetConfig(instances=8, strategy=Strategy.RANDOM), speed=4.0)
     assert fast.throughput_req_s > 2 * slow.throughput_req_s  # queueing and the final drain dilute the 4×
     assert fast.ttft_p90_s >= slow.ttft_p90_s
 
 
-def test_plots_are_written(trace, tmp_path):
-    results = lab.simulate_many(trace.head(1500), FleetConfig(instances=4), [Strategy.RANDOM, Strategy.PREFIX_AWARE], progress=False)
+def test_plots_are_written(mooncake_slice, tmp_path):
+    results = lab.simulate_many(mooncake_slice, FleetConfig(instances=4), [Strategy.RANDOM, Strategy.PREFIX_AWARE], progress=False)
     paths = lab.plot_simulation(results, tmp_path)
     assert [p.name for p in paths] == ["ttft_cdf.png", "load_per_instance.png", "hit_rate_over_time.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
@@ -180,13 +180,13 @@ def test_tune_recommends_a_key_beyond_the_shared_block(trace, tmp_path):
     assert path.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_tune_rejects_out_of_range_settings(trace):
+def test_tune_rejects_out_of_range_settings(mooncake_slice):
     from prefix_routing.errors import UserError
 
     with pytest.raises(UserError, match="prefix length 512"):
-        lab.tune(trace.head(10), FleetConfig(), prefix_lengths=[512], thresholds=[1])
+        lab.tune(mooncake_slice.head(10), FleetConfig(), prefix_lengths=[512], thresholds=[1])
     with pytest.raises(UserError, match="concurrency threshold 0"):
-        lab.tune(trace.head(10), FleetConfig(), prefix_lengths=[4096], thresholds=[0])
+        lab.tune(mooncake_slice.head(10), FleetConfig(), prefix_lengths=[4096], thresholds=[0])
 
 
 # ---------------------------------------------------------------- hit-rate arithmetic
