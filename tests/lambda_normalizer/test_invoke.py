@@ -706,3 +706,45 @@ def test_a_bug_after_the_first_byte_ends_the_stream_with_an_internal_error(lines
     assert b"[DONE]" not in b"".join(rest[:-1])  # never looks complete
     assert (outcome.status, outcome.error["code"]) == (500, "internal")
     assert_internal_telemetry(lines, sent=True)
+
+
+def _named(name: str, base: type = Exception, **attributes) -> BaseException:
+    """An exception of a class with this name: classify_error recognises classes by name."""
+    error = type(name, (base,), {})("boom")
+    for key, value in attributes.items():
+        setattr(error, key, value)
+    return error
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "kind", "retryable"),
+    [
+        (_client_error("InternalServerError", 500), 502, "upstream_error", True),
+        (_client_error("ServiceFailure", 400), 502, "upstream_error", True),  # by its code, whatever the status
+        (_client_error("Odd", 500), 502, "upstream_error", True),  # unknown code, 5xx status
+        (_client_error("Odd", 499), 502, "upstream_rejected", False),  # unknown code below 500
+        (ClientError({"Error": {"Message": "no code"}, "ResponseMetadata": {"HTTPStatusCode": 400}}, "X"), 502,
+         "upstream_rejected", False),
+        (_named("ConnectionClosedError"), 502, "upstream_connection", True),
+        (ConnectionResetError("reset"), 502, "upstream_connection", True),  # a builtin ConnectionError
+        (_named("ParserError"), 502, "upstream_connection", True),
+        (_named("IncompleteRead"), 502, "upstream_connection", True),
+        (_named("ChecksumMismatch"), 502, "upstream_connection", True),
+        (_named("ReadTimeout"), 504, "timeout", False),
+        # Not a ClientError, though it carries a response mapping: a bug of ours, not the endpoint's.
+        (_named("Weird", response={"Error": {"Code": "ThrottlingException"}}), 500, "internal", False),
+    ],
+)
+def test_classify_error_recognises_every_documented_class(error, status, kind, retryable):
+    upstream = invoke.classify_error(error)
+    assert (upstream.status, upstream.kind, upstream.retryable) == (status, kind, retryable)
+
+
+def test_classify_error_messages_say_which_timeout_and_which_code():
+    assert invoke.classify_error(ReadTimeoutError(endpoint_url="http://x")).message == \
+        "the model did not answer in time (read timeout)"
+    assert invoke.classify_error(TimeoutError()).message == "the model did not answer in time"
+    unnamed = ClientError({"Error": {"Message": "no code"}, "ResponseMetadata": {"HTTPStatusCode": 400}}, "X")
+    assert invoke.classify_error(unnamed).upstream_code == "Unknown"
+    bare = _client_error("ModelError", 424)  # no OriginalStatusCode: no status in the message
+    assert invoke.classify_error(bare).message == "the model failed the request: ModelError happened"
