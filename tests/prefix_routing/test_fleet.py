@@ -488,3 +488,51 @@ def test_a_request_that_just_fits_the_kv_budget_starts_at_once():
     fleet.submit(Request(4000, 4000, list(range(1, 9))), 0.0)
     d = fleet.submit(Request(1990, 10, [50, 51, 52, 53]), 0.001)  # 8,000 + 2,000 = 10,000: fits exactly
     assert d.start_s == 0.001
+
+
+# ---------------------------------------------------------------- the latency model inside the router
+
+
+def test_an_idle_copy_gives_the_latency_models_prefill_and_decode_step():
+    # Module docstring: TTFT = wait + prefill(uncached part, at the copy's batch and context) +
+    # request and routing overheads; each later token one step at the batch and context the copy has
+    # when the request starts (itself included).
+    fleet = Fleet(cfg(instances=1, cache_tokens=math.inf))
+    lat, overhead = fleet.latency, REQUEST_OVERHEAD_S + ROUTING_OVERHEAD_S
+    blocks = list(range(1, 41))  # 40 blocks: 20,480 tokens cover the 20,000-token prompt
+    a = fleet.submit(Request(20_000, 50, blocks), 0.0)
+    assert a.ttft_s == pytest.approx(lat.prefill_s(20_000, 0) + overhead, rel=1e-12)  # 3 chunks of 8,192
+    assert a.per_token_s == pytest.approx(lat.step_s(1, 20_050), rel=1e-12)
+    assert a.finish_s == pytest.approx(a.first_token_s + 49 * a.per_token_s, rel=1e-12)
+    assert a.cached_tokens == 0 and a.prompt_tokens == 20_000
+    # The same prompt again, while A still runs: all of it cached (40 × 512 > 20,000 is capped at the
+    # prompt), so no new tokens: one step's overhead at batch 1 and A's context, after A's prefill.
+    b = fleet.submit(Request(20_000, 1, blocks), 0.001)
+    assert b.cached_tokens == 20_000
+    prefill_free = a.first_token_s - overhead
+    assert b.first_token_s == pytest.approx(prefill_free + lat.prefill_s(0, 20_000, 1, 20_050) + overhead, rel=1e-12)
+    assert b.finish_s == pytest.approx(b.first_token_s, rel=1e-12)  # one output token: done at the first
+    stats = fleet.copy_stats()[0]
+    assert (stats.requests, stats.prompt_tokens, stats.cached_tokens, stats.outstanding) == (2, 40_000, 20_000, 2)
+
+
+def test_a_timed_out_request_holds_its_place_and_leaves_no_trace_in_the_cache():
+    fleet = Fleet(cfg(instances=1, cache_tokens=math.inf, timeout_s=5.0))
+    big = fleet.submit(Request(1_000_000, 10, list(range(1, 1955))), 0.0)
+    assert big.timed_out and big.first_token_s == math.inf and big.ttft_s == math.inf
+    assert (big.cached_tokens, big.per_token_s, big.finish_s, big.start_s) == (0, 0.0, 5.0, 0.0)
+    stats = fleet.copy_stats()[0]
+    assert (stats.requests, stats.timeouts, stats.prompt_tokens, stats.outstanding) == (1, 1, 0, 1)
+    assert fleet.timeouts == 1 and fleet.cached_prefix_blocks(0, [1, 2]) == 0
+    # Its slot was never taken: the next request starts at once.
+    small = fleet.submit(Request(100, 2, [7]), 0.1)
+    assert small.start_s == 0.1 and not small.timed_out
+    assert fleet.advance(5.0) == 2 and fleet.outstanding() == [0]
+
+
+def test_a_cache_that_is_exactly_full_keeps_every_block():
+    fleet = Fleet(cfg(instances=1, cache_tokens=4 * 512))  # room for exactly 4 blocks
+    fleet.submit(Request(2048, 2, [1, 2, 3, 4]), 0.0)
+    again = fleet.submit(Request(2048, 2, [1, 2, 3, 4]), 10.0)
+    assert again.cached_tokens == 2048
+    assert fleet.copy_stats()[0].cached_blocks == 4
