@@ -536,3 +536,13 @@ def test_a_cache_that_is_exactly_full_keeps_every_block():
     again = fleet.submit(Request(2048, 2, [1, 2, 3, 4]), 10.0)
     assert again.cached_tokens == 2048
     assert fleet.copy_stats()[0].cached_blocks == 4
+
+
+def test_a_sibling_below_the_threshold_wins_over_an_idler_copy_elsewhere():
+    # 2 instances x 2 copies, threshold 2. Home copy 1 is full; its sibling, copy 0, carries 1; copy 2
+    # on the other instance carries none. The home instance comes first: copy 0 (index 0 is a choice too).
+    loads = Loads(instances=2, copies=2, threshold=2)
+    for g, n in {1: 2, 0: 1}.items():
+        loads.set(g, n)
+    p = loads.submit(1)
+    assert (loads.placed(p), p.spilled) == (0, True)

@@ -528,3 +528,28 @@ def test_summary_of_a_paced_run_with_retries_skips_and_client_figures():
     empty = L.summarize(L.LoadResult([], started_at=0.0, duration_s=0.0, stopped_by="end of input"))
     assert empty["error_rate"] is None and empty["achieved_rate_rps"] is None and empty["hit_rate"] is None
     assert empty["ttft_p50_s"] is None and empty["ttft_mean_s"] is None and empty["output_tokens_per_s"] is None
+
+
+def test_summary_rounds_rates_to_their_digits_and_guards_its_divisions():
+    rows = [
+        row(0, ttft=0.5, e2e=1.5, prompt=100, cached=50, output=2),  # decode: (2 − 1) / 1.0 = 1.0 token/s
+        row(1, ttft=0.5, e2e=0.5, prompt=100, cached=0, output=10),  # e2e == ttft: no decode speed
+        row(2, ttft=0.2, e2e=0.9, prompt=100, cached=0, output=None),  # no output count: 0 tokens
+        row(3, ok=False, kind="throttled"),
+    ]
+    summary = L.summarize(L.LoadResult(rows, started_at=0.0, duration_s=3.14159, stopped_by="end of input",
+                                       client_cpu_s=1.0))
+    # By hand: 1 failure of 4 = 0.25; 4 / 3.14159 s = 1.273; 12 tokens / 3.14159 s = 3.82; 1 / 3.14159 = 0.318.
+    assert summary["error_rate"] == 0.25 and summary["duration_s"] == 3.142
+    assert summary["achieved_rate_rps"] == 1.273 and summary["output_tokens"] == 12
+    assert summary["output_tokens_per_s"] == 3.82 and summary["client_cpu_utilization"] == 0.318
+    assert summary["decode_tokens_per_s_p50"] == 1.0
+    assert summary["hit_rate"] == round(50 / 300, 4) == 0.1667
+    third = L.summarize(L.LoadResult(rows[:3] + [rows[3], row(4, ok=False, kind="x")] + [rows[3]] * 1,
+                                     started_at=0.0, duration_s=0.5, stopped_by="end of input"))
+    # 3 of 6 failed; a run shorter than a second still has rates: 6 / 0.5 s = 12.0.
+    assert third["error_rate"] == 0.5 and third["achieved_rate_rps"] == 12.0
+    assert third["output_tokens_per_s"] == 24.0
+    one_of_three = L.summarize(L.LoadResult(rows[:2] + [rows[3]], started_at=0.0, duration_s=1.0,
+                                            stopped_by="end of input"))
+    assert one_of_three["error_rate"] == 0.3333  # four digits
