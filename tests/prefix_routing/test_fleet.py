@@ -440,9 +440,10 @@ def test_spills_are_counted_on_the_copy_that_took_them():
         loads.set(g, n)
     loads.submit(4)  # to copy 6
     loads.submit(4)  # copy 6 now carries 2, like 5 and 7: the first after home, copy 5
+    loads.submit(4)  # 5 carries 3 now: copy 6 (2) before copy 7 (2), its second spill
     spills_in = [s.spills_in for s in loads.fleet.copy_stats()]
-    assert spills_in == [0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0]
-    assert loads.fleet.spills == 2
+    assert spills_in == [0, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 0]
+    assert loads.fleet.spills == 3
 
 
 def test_advance_retires_every_finished_request_on_every_copy():
@@ -488,6 +489,32 @@ def test_a_request_that_just_fits_the_kv_budget_starts_at_once():
     fleet.submit(Request(4000, 4000, list(range(1, 9))), 0.0)
     d = fleet.submit(Request(1990, 10, [50, 51, 52, 53]), 0.001)  # 8,000 + 2,000 = 10,000: fits exactly
     assert d.start_s == 0.001
+    # It decodes beside A: batch 2, the copy's reserved context 10,000 tokens.
+    assert d.per_token_s == pytest.approx(fleet.latency.step_s(2, 10_000), rel=1e-12)
+
+
+def test_a_finished_request_gives_its_kv_budget_back():
+    fleet = Fleet(cfg(instances=1, cache_tokens=10_000))
+    a = fleet.submit(Request(4000, 4000, list(range(1, 9))), 0.0)
+    later = a.finish_s + 1.0
+    b = fleet.submit(Request(4000, 4000, list(range(20, 28))), later)  # 8,000 again: fits once A is done
+    assert b.start_s == later and b.queued_s == 0.0
+    assert b.per_token_s == pytest.approx(fleet.latency.step_s(1, 8000), rel=1e-12)  # A's tokens are gone
+    c = fleet.submit(Request(100, 2, [40]), later + 0.5)
+    assert c.finish_s == pytest.approx(c.first_token_s + c.per_token_s, rel=1e-12)  # 2 tokens: one step after
+
+
+def test_a_request_that_times_out_waiting_leaves_the_running_ones_in_place():
+    # A runs for about a minute holding 8,000 of 10,000 tokens; B needs 4,010 and would wait for A, past
+    # the 5 s timeout, so it fails. A is still running: C, which fits beside it, decodes at batch 2.
+    fleet = Fleet(cfg(instances=1, cache_tokens=10_000, timeout_s=5.0))
+    a = fleet.submit(Request(4000, 4000, list(range(1, 9))), 0.0)
+    assert a.finish_s > 30
+    b = fleet.submit(Request(4000, 10, list(range(20, 28))), 0.001)
+    assert b.timed_out
+    c = fleet.submit(Request(100, 10, [40]), 0.002)
+    assert not c.timed_out and c.start_s == 0.002
+    assert c.per_token_s == pytest.approx(fleet.latency.step_s(2, 8110), rel=1e-12)
 
 
 # ---------------------------------------------------------------- the latency model inside the router
@@ -546,3 +573,37 @@ def test_a_sibling_below_the_threshold_wins_over_an_idler_copy_elsewhere():
         loads.set(g, n)
     p = loads.submit(1)
     assert (loads.placed(p), p.spilled) == (0, True)
+
+
+def test_two_copies_are_enough_for_prefix_routing():
+    fleet = Fleet(cfg(instances=2))
+    homes = {fleet.submit(Request(100, 2, (), key=f"k{i}"), 0.0).instance for i in range(20)}
+    assert homes == {0, 1}
+
+
+def test_least_outstanding_starts_its_scan_at_a_seeded_position_and_takes_the_least_loaded():
+    import random
+
+    for seed in (0, 1, 2, 3):
+        fleet = Fleet(cfg(instances=4, strategy=Strategy.LEAST_OUTSTANDING_REQUESTS, seed=seed))
+        start = int(random.Random(seed).random() * 4)  # the first draw of the fleet's seeded generator
+        first = fleet.submit(Request(100, 5000, ()), 0.0)
+        assert first.instance == start  # every copy idle: the first of the scan
+        for _ in range(6):
+            fleet.submit(Request(100, 5000, ()), 0.0)
+        assert sorted(fleet.outstanding()) == [1, 2, 2, 2]  # always onto a least-loaded copy
+
+
+def test_blocks_that_are_not_chained_are_touched_one_by_one():
+    # Ids that do not form a chain (a cached id after an uncached one) take the slow path; it must
+    # still touch every block, cached or not, and count the cached ones.
+    fleet = Fleet(cfg(instances=1, cache_tokens=100 * 512))
+    fleet.submit(Request(1024, 2, [1, 2]), 0.0)
+    p = fleet.submit(Request(1536, 2, [5, 1, 2]), 1.0)
+    assert p.cached_tokens == 1024  # 1 and 2 were cached; 5 was not
+    assert fleet.cached_prefix_blocks(0, [5, 1, 2]) == 3
+
+
+def test_a_key_one_byte_past_the_json_before_the_prompt_covers_one_block():
+    assert key_blocks(1025, key_offset_bytes=1024) == 1
+    assert key_blocks(1024, key_offset_bytes=2000) == 0
