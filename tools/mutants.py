@@ -1,7 +1,7 @@
 """`make mutants`: run mutmut over the functions in tools/mutation_targets.txt and print the score.
 
 The score of an area is killed ÷ (killed + survived), a timeout counting as killed and a mutant that
-no test reaches as survived. Not part of `make test`: it takes tens of minutes on two cores.
+no test reaches as survived. Not part of `make test`: about 10 minutes on an idle 2-core machine.
 """
 
 from __future__ import annotations
