@@ -1,6 +1,6 @@
 """Prefix-aware routing for LLM inference on Amazon SageMaker.
 
-The modules, and who may import them (see docs/architecture.md):
+The modules, and who may import them (``tests/test_architecture.py`` checks the arrows):
 
 - ``normalize``  the rules that make equivalent requests share leading bytes   (stdlib only)
 - ``telemetry``  metric namespace, metric names and log fields                 (stdlib only)

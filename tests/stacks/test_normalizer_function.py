@@ -5,6 +5,7 @@ from pathlib import Path
 from prefix_routing.config import load_stage
 from prefix_routing.invoke import InvokeConfig
 from stacks.constructs.normalizer_function import LWA_LAYER_NAME, LWA_LAYER_VERSION
+from tests.test_architecture import imports_of, module_name, room_of
 
 
 def _policy_statements(template):
@@ -69,6 +70,15 @@ def test_asset_carries_the_handler_and_the_stdlib_library(default_stage):
     assert "prefix_routing/invoke.py" in contents and "prefix_routing/normalize.py" in contents
     assert "prefix_routing/config.py" not in contents  # pydantic-based, synth only
     assert not any(c.startswith(("prefix_routing/runtime_server", "prefix_routing/lab")) for c in contents)
+    # Only the rooms the Lambda runs (tests/test_architecture.py): the rules and the front door.
+    library = sorted(c for c in contents if c.startswith("prefix_routing/"))
+    rooms = {c: room_of(module_name(Path(c))) for c in library}
+    assert {room for room in rooms.values()} <= {"rules", "frontdoor", "package"}, rooms
+    # ... and everything they import of ours is there too.
+    shipped = {module_name(Path(c)) for c in library}
+    for c in library + ["handler.py", "server.py"]:
+        needed = {m for m in imports_of((asset_dirs[0] / c).read_text()) if m.startswith("prefix_routing")}
+        assert needed <= shipped, (c, needed - shipped)
     assert any(c.startswith("aws_lambda_powertools/metrics/provider/cloudwatch_emf/") for c in contents)
     run = asset_dirs[0] / "run.sh"
     assert run.is_file() and os.stat(run).st_mode & stat.S_IXUSR  # Lambda executes the handler

@@ -1,0 +1,161 @@
+"""The direction of imports (../shared/design.md): each room imports only the rooms below it.
+
+Every module of ``prefix_routing/``, ``stacks/`` and ``lambda/`` is put in one room below; a new
+module that is in none fails here, so whoever adds it decides where it belongs. The imports are read
+with ``ast`` from the source (nothing is imported), including imports inside functions.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Room of every module (dotted name, or a package prefix ending in ".").
+ROOMS = {
+    # what runs everywhere: standard library only
+    "prefix_routing.normalize": "rules",
+    "prefix_routing.telemetry": "rules",
+    "prefix_routing.errors": "rules",  # UserError: one line, exit status 2
+    # the Lambda's logic
+    "prefix_routing.invoke": "frontdoor",
+    # the typed stage configuration and the tables the stacks and the lab read
+    "prefix_routing.config": "stage",
+    "prefix_routing.presets": "stage",
+    # the routing lab (the fleet model, traces, workloads)
+    "prefix_routing.fleet": "lab",
+    "prefix_routing.lab": "lab",
+    "prefix_routing.traces": "lab",
+    "prefix_routing.bodies": "lab",
+    # the local SageMaker runtime
+    "prefix_routing.eventstream": "emulator",
+    "prefix_routing.runtime_server": "emulator",
+    "prefix_routing.emulator": "emulator",
+    "prefix_routing.loadtest": "loadtest",
+    # the command line and what only it runs
+    "prefix_routing.__main__": "cli",
+    "prefix_routing.commands": "cli",
+    "prefix_routing.commands.": "cli",
+    "prefix_routing.demo": "cli",
+    "prefix_routing": "package",  # __init__: a docstring, imports nothing
+    "stacks.": "stacks",
+    "stacks": "stacks",
+    "handler": "lambda",
+    "server": "lambda",
+}
+
+#: Which rooms each room may import (itself always), and which packages outside the standard library.
+ALLOWED = {
+    "package": (set(), set()),
+    "rules": (set(), set()),
+    "frontdoor": ({"rules"}, {"boto3", "botocore", "aws_lambda_powertools"}),
+    "stage": ({"rules"}, {"pydantic"}),
+    "lab": ({"rules", "stage"}, {"numpy", "matplotlib", "tqdm", "boto3", "botocore"}),
+    "emulator": ({"rules", "stage", "lab"}, set()),
+    "loadtest": ({"rules", "stage", "lab", "emulator"}, {"boto3", "botocore", "matplotlib", "tqdm", "sagemaker"}),
+    "cli": ({"rules", "stage", "lab", "emulator", "loadtest", "frontdoor", "package"}, set()),
+    "stacks": ({"stage", "package"}, {"aws_cdk", "constructs", "cdk_nag", "jsii"}),
+    "lambda": ({"frontdoor", "rules", "package"}, {"boto3", "botocore"}),
+}
+#: The stacks may use the rules room only for the telemetry names.
+STACKS_MAY_USE = {"prefix_routing.telemetry"}
+
+
+def module_name(path: Path) -> str:
+    if path.parts[0] == "lambda":
+        return path.stem
+    parts = list(path.with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def room_of(module: str) -> str | None:
+    if module in ROOMS:
+        return ROOMS[module]
+    prefixes = [p for p in ROOMS if p.endswith(".") and module.startswith(p)]
+    return ROOMS[max(prefixes, key=len)] if prefixes else None
+
+
+def imports_of(source: str) -> set[str]:
+    """Absolute module names a source imports (``from prefix_routing import x`` gives ``prefix_routing.x``)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+            if node.module in ("prefix_routing", "stacks", "prefix_routing.commands"):
+                found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def ours(module: str) -> bool:
+    return module.split(".")[0] in ("prefix_routing", "stacks") or module in ("handler", "server")
+
+
+def violations(module: str, imported: set[str]) -> list[str]:
+    room = room_of(module)
+    rooms, packages = ALLOWED[room]
+    problems = []
+    for name in sorted(imported):
+        top = name.split(".")[0]
+        if ours(name):
+            target = room_of(name) or "unknown"
+            if room == "stacks" and target == "rules":
+                if name not in STACKS_MAY_USE:
+                    problems.append(f"{module} ({room}) imports {name}: the stacks may use only the telemetry names")
+                continue
+            if target != room and target not in rooms and target != "package":
+                problems.append(f"{module} ({room}) imports {name} ({target}); allowed: {sorted(rooms) or 'none of ours'}")
+            if target == "cli" and room != "cli":
+                problems.append(f"{module} ({room}) imports {name}: nothing imports the command line")
+        elif top not in sys.stdlib_module_names and top not in packages and top != "__future__":
+            problems.append(f"{module} ({room}) imports {top}, outside the standard library; allowed: "
+                            f"{sorted(packages) or 'none'}")
+    return problems
+
+
+def source_files() -> list[Path]:
+    files = [p.relative_to(ROOT) for folder in ("prefix_routing", "stacks", "lambda")
+             for p in (ROOT / folder).rglob("*.py")]
+    return sorted(p for p in files if "__pycache__" not in p.parts)
+
+
+def test_every_module_is_in_a_room():
+    missing = [str(p) for p in source_files() if room_of(module_name(p)) is None]
+    assert not missing, f"put these modules in a room of tests/test_architecture.py: {missing}"
+
+
+@pytest.mark.parametrize("path", source_files(), ids=str)
+def test_imports_point_the_right_way(path):
+    module = module_name(path)
+    assert violations(module, imports_of((ROOT / path).read_text(encoding="utf-8"))) == []
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "expected"),
+    [
+        # Each arrow reversed once: the check must see it.
+        ("prefix_routing.normalize", "from prefix_routing import fleet", "normalize (rules) imports prefix_routing.fleet (lab)"),
+        ("prefix_routing.normalize", "import boto3", "normalize (rules) imports boto3, outside the standard library"),
+        ("prefix_routing.invoke", "from prefix_routing.lab import simulate", "invoke (frontdoor) imports prefix_routing.lab (lab)"),
+        ("prefix_routing.lab", "def f():\n    from prefix_routing import loadtest", "lab (lab) imports prefix_routing.loadtest (loadtest)"),
+        ("prefix_routing.fleet", "import prefix_routing.emulator", "fleet (lab) imports prefix_routing.emulator (emulator)"),
+        ("stacks.metrics", "from prefix_routing import normalize", "the stacks may use only the telemetry names"),
+        ("stacks.app_builder", "from prefix_routing.lab import simulate", "app_builder (stacks) imports prefix_routing.lab (lab)"),
+        ("prefix_routing.loadtest", "from prefix_routing.commands import loadtest", "nothing imports the command line"),
+        ("handler", "from prefix_routing import traces", "handler (lambda) imports prefix_routing.traces (lab)"),
+    ],
+)
+def test_a_reversed_arrow_is_caught(module, source, expected):
+    assert any(expected in problem for problem in violations(module, imports_of(source)))
+
+
+def test_the_stacks_may_read_the_telemetry_names_and_the_stage():
+    assert violations("stacks.metrics", imports_of("from prefix_routing import telemetry\nimport aws_cdk")) == []
+    assert violations("stacks.endpoint_stack", imports_of("from prefix_routing.config import StageConfig")) == []
