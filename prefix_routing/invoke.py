@@ -74,7 +74,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, ClassVar, Final
+from dataclasses import dataclass, field
+from typing import Any, Final
 
 from prefix_routing import telemetry
 from prefix_routing.normalize import (
@@ -135,69 +136,6 @@ _STATUS_CLIENT_CLOSED: Final = 499  # nginx's convention: the caller went away m
 
 
 # --------------------------------------------------------------------------------------------------
-# Records
-# --------------------------------------------------------------------------------------------------
-
-
-class _Record:
-    """Base of this module's small record classes: ``__slots__`` names the fields in order,
-    ``_defaults`` the optional ones, ``_factories`` those that get a fresh value per instance.
-
-    Not dataclasses on purpose: defining seven dataclasses costs as much as the rest of this module's
-    import together (about 8 ms, measured), and it is imported at every cold start.
-    """
-
-    __slots__ = ()
-    _defaults: ClassVar[Mapping[str, Any]] = {}
-    _factories: ClassVar[Mapping[str, Callable[[], Any]]] = {}
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        cls = type(self).__name__
-        names = self.__slots__
-        if len(args) > len(names):
-            raise TypeError(f"{cls}() takes at most {len(names)} positional arguments")
-        values = dict(zip(names, args))
-        for name, value in kwargs.items():
-            if name not in names or name in values:
-                raise TypeError(f"{cls}() got an unexpected or repeated argument {name!r}")
-            values[name] = value
-        for name in names:
-            if name in values:
-                value = values[name]
-            elif name in self._factories:
-                value = self._factories[name]()
-            elif name in self._defaults:
-                value = self._defaults[name]
-            else:
-                raise TypeError(f"{cls}() missing required argument {name!r}")
-            object.__setattr__(self, name, value)
-        self._check()
-
-    def _check(self) -> None:
-        """Validate (subclasses)."""
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
-        return f"{type(self).__name__}({fields})"
-
-    def __eq__(self, other: object) -> bool:
-        if type(other) is not type(self):
-            return NotImplemented
-        return all(getattr(self, name) == getattr(other, name) for name in self.__slots__)
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-class _Frozen(_Record):
-    """A read-only record."""
-
-    __slots__ = ()
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"{type(self).__name__} is read-only")
-
-
-# --------------------------------------------------------------------------------------------------
 # Configuration
 # --------------------------------------------------------------------------------------------------
 
@@ -206,7 +144,8 @@ class ConfigurationError(ValueError):
     """A deployment setting (an environment variable) is missing or invalid; the message names it."""
 
 
-class InvokeConfig(_Frozen):
+@dataclass(frozen=True, slots=True)
+class InvokeConfig:
     """Everything the front door needs besides the client and the tenant key (read-only).
 
     Build it from the Lambda's environment with :meth:`from_env` (the variables are those the stack
@@ -218,25 +157,19 @@ class InvokeConfig(_Frozen):
     ``stream_usage`` (add ``stream_options.include_usage`` to streaming chat/completion bodies).
     """
 
-    __slots__ = ("endpoint_name", "component_name", "tenancy", "tenant_header", "application_header", "settings",
-                 "max_attempts", "backoff_base_s", "backoff_max_s", "request_timeout_s", "stream_usage")
     endpoint_name: str
-    component_name: str | None
-    tenancy: str
-    tenant_header: str
-    application_header: str
-    settings: NormalizerSettings
-    max_attempts: int
-    backoff_base_s: float
-    backoff_max_s: float
-    request_timeout_s: float
-    stream_usage: bool
-    _defaults = {"component_name": None, "tenancy": "iam", "tenant_header": "x-tenant-id",
-                 "application_header": "x-application-id", "max_attempts": 3, "backoff_base_s": 0.1,
-                 "backoff_max_s": 2.0, "request_timeout_s": 110.0, "stream_usage": True}
-    _factories = {"settings": NormalizerSettings}
+    component_name: str | None = None
+    tenancy: str = "iam"
+    tenant_header: str = "x-tenant-id"
+    application_header: str = "x-application-id"
+    settings: NormalizerSettings = field(default_factory=NormalizerSettings)
+    max_attempts: int = 3
+    backoff_base_s: float = 0.1
+    backoff_max_s: float = 2.0
+    request_timeout_s: float = 110.0
+    stream_usage: bool = True
 
-    def _check(self) -> None:
+    def __post_init__(self) -> None:
         if not isinstance(self.endpoint_name, str) or not self.endpoint_name:
             raise ConfigurationError("ENDPOINT_NAME: missing; the SageMaker endpoint to invoke")
         if self.tenancy not in TENANCY_MODES:
@@ -359,7 +292,8 @@ class RequestError(Exception):
         return {"error": error}
 
 
-class FrontRequest(_Record):
+@dataclass(slots=True)
+class FrontRequest:
     """One request as the front door sees it, whatever transport brought it.
 
     ``source`` is ``"http"`` (Function URL, API Gateway, or the web app behind the Lambda Web
@@ -370,23 +304,18 @@ class FrontRequest(_Record):
     reading the event (answered without looking further).
     """
 
-    __slots__ = ("body", "headers", "source", "method", "request_context", "tenant", "application", "request_id",
-                 "deadline", "problem", "arrival", "arrival_ms")
     body: bytes | str | Mapping | None
-    headers: Mapping[str, str]
-    source: str
-    method: str
-    request_context: Mapping | None
-    tenant: Any
-    application: Any
-    request_id: str | None
-    deadline: float | None
-    problem: RequestError | None
-    arrival: float  # time.monotonic() when the request was read
-    arrival_ms: int  # epoch milliseconds, same moment
-    _defaults = {"source": "http", "method": "POST", "request_context": None, "tenant": None, "application": None,
-                 "request_id": None, "deadline": None, "problem": None}
-    _factories = {"headers": dict, "arrival": time.monotonic, "arrival_ms": lambda: int(time.time() * 1000)}
+    headers: Mapping[str, str] = field(default_factory=dict)
+    source: str = "http"
+    method: str = "POST"
+    request_context: Mapping | None = None
+    tenant: Any = None
+    application: Any = None
+    request_id: str | None = None
+    deadline: float | None = None
+    problem: RequestError | None = None
+    arrival: float = field(default_factory=time.monotonic)  # time.monotonic() when the request was read
+    arrival_ms: int = field(default_factory=lambda: int(time.time() * 1000))  # epoch milliseconds, same moment
 
 
 def _lower_headers(headers: Any) -> dict[str, str]:
@@ -591,11 +520,11 @@ def identify_tenant(request: FrontRequest, config: InvokeConfig) -> tuple[str, s
 # --------------------------------------------------------------------------------------------------
 
 
-class Prepared(_Frozen):
+@dataclass(frozen=True, slots=True)
+class Prepared:
     """A validated request: tenant, routing identity, canonical body. ``expects_usage``: the body asks
     for a usage chunk at the end of the stream (``stream_options.include_usage``)."""
 
-    __slots__ = ("tenant", "application", "identity", "normalized", "normalize_ms", "expects_usage")
     tenant: str
     application: str | None
     identity: RoutingIdentity
@@ -992,7 +921,8 @@ def classify_error(exc: BaseException) -> UpstreamError:
 # --------------------------------------------------------------------------------------------------
 
 
-class RequestRecord(_Record):
+@dataclass(slots=True)
+class RequestRecord:
     """Everything measured about one request; becomes one EMF document and one log line.
 
     ``sent``: the request went to the endpoint. ``origin``: ``"client"`` (rejected here, 4xx),
@@ -1000,32 +930,28 @@ class RequestRecord(_Record):
     optional (None, or ``()``/``False``/``0`` for ``block_hashes``/``sent``/``attempts``).
     """
 
-    __slots__ = ("arrival_ms", "request_id", "tenant", "application", "routing_id", "body_kind", "fingerprint",
-                 "block_hashes", "body_bytes", "normalize_ms", "sent", "attempts", "ttft_ms", "total_ms", "wall_ms",
-                 "prompt_tokens", "cached_tokens", "output_tokens", "status", "error_kind", "error_field", "origin")
     arrival_ms: int
-    request_id: str | None
-    tenant: str | None
-    application: str | None
-    routing_id: str | None
-    body_kind: str | None
-    fingerprint: str | None
-    block_hashes: tuple[str, ...]
-    body_bytes: int | None
-    normalize_ms: float | None
-    sent: bool
-    attempts: int
-    ttft_ms: float | None
-    total_ms: float | None
-    wall_ms: float | None
-    prompt_tokens: int | None
-    cached_tokens: int | None
-    output_tokens: int | None
-    status: int | None
-    error_kind: str | None
-    error_field: str | None
-    origin: str | None
-    _defaults = {name: None for name in __slots__[1:]} | {"block_hashes": (), "sent": False, "attempts": 0}
+    request_id: str | None = None
+    tenant: str | None = None
+    application: str | None = None
+    routing_id: str | None = None
+    body_kind: str | None = None
+    fingerprint: str | None = None
+    block_hashes: tuple[str, ...] = ()
+    body_bytes: int | None = None
+    normalize_ms: float | None = None
+    sent: bool = False
+    attempts: int = 0
+    ttft_ms: float | None = None
+    total_ms: float | None = None
+    wall_ms: float | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    output_tokens: int | None = None
+    status: int | None = None
+    error_kind: str | None = None
+    error_field: str | None = None
+    origin: str | None = None
 
 
 def _ms(value: float | None) -> float | None:
@@ -1148,29 +1074,28 @@ class Telemetry:
 # --------------------------------------------------------------------------------------------------
 
 
-class Head(_Frozen):
+@dataclass(frozen=True, slots=True)
+class Head:
     """The status line and headers of the answer (the first item the generator yields)."""
 
-    __slots__ = ("status", "headers")
     status: int
     headers: dict[str, str]
 
 
-class Outcome(_Frozen):
+@dataclass(frozen=True, slots=True)
+class Outcome:
     """The last item the generator yields: how the request ended (the head may have said 200 earlier)."""
 
-    __slots__ = ("status", "error", "record", "reader")
     status: int
     error: dict[str, Any] | None
     record: RequestRecord
-    reader: StreamReader | None
-    _defaults = {"reader": None}
+    reader: StreamReader | None = None
 
 
-class Buffered(_Frozen):
+@dataclass(frozen=True, slots=True)
+class Buffered:
     """A whole answer: status, headers and a JSON-serializable body."""
 
-    __slots__ = ("status", "headers", "body")
     status: int
     headers: dict[str, str]
     body: dict[str, Any]
