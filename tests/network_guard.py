@@ -115,12 +115,6 @@ class Guard:
         socket.socket.sendto = sendto
         socket.getaddrinfo = getaddrinfo
 
-    def uninstall(self) -> None:
-        socket.socket.connect = self._real["connect"]
-        socket.socket.connect_ex = self._real["connect_ex"]
-        socket.socket.sendto = self._real["sendto"]
-        socket.getaddrinfo = self._real["getaddrinfo"]
-
 
 isolate_aws_environment()
 GUARD = Guard()
