@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from prefix_routing.normalize import normalize_body  # noqa: E402
+from prefix_routing.rules.body import normalize_body  # noqa: E402
 
 TARGET = 3.0
 TARGET_SIZES = (32 * 1024, 1024 * 1024)

@@ -39,8 +39,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from prefix_routing import lab, traces  # noqa: E402
-from prefix_routing.fleet import FleetConfig, Strategy  # noqa: E402
+from prefix_routing import lab
+from prefix_routing.cli import lab_args
+from prefix_routing.lab import traces  # noqa: E402
+from prefix_routing.lab.fleet_config import FleetConfig
+from prefix_routing.lab.routing import Strategy  # noqa: E402
 
 TRACE = ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"
 TARGET_RPS = 50_000
@@ -125,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="requests simulated per repeat (default 1,000,000; fewer for a quick run)")
     parser.add_argument("--repeats", type=int, default=3, help="measurements; min and median reported (default 3)")
     parser.add_argument("--strategy", default="PREFIX_AWARE")
-    parser.add_argument("--cache-tokens", type=lab.parse_cache_tokens, default=None, help="default: the preset's (LRU)")
+    parser.add_argument("--cache-tokens", type=lab_args.parse_cache_tokens, default=None, help="default: the preset's (LRU)")
     parser.add_argument("--instances", type=int, default=8)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from aws_cdk import App, Environment, Tags, Validations
 from cdk_nag import AwsSolutionsChecks
 
-from prefix_routing.config import StageConfig
+from prefix_routing.stage.config import StageConfig
 from stacks.endpoint_stack import EndpointStack
 from stacks.normalizer_stack import NormalizerStack
 from stacks.observability_stack import ObservabilityStack

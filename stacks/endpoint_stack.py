@@ -5,7 +5,7 @@ from __future__ import annotations
 from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
-from prefix_routing.config import StageConfig
+from prefix_routing.stage.config import StageConfig
 from stacks.constructs.copy_autoscaling import CopyAutoscaling
 from stacks.constructs.inference_endpoint import InferenceEndpoint
 from stacks.metrics import SageMakerMetrics

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from aws_cdk import Duration, aws_cloudwatch as cloudwatch
 
-from prefix_routing import telemetry
+from prefix_routing.rules import telemetry
 
 ONE_MINUTE = Duration.minutes(1)
 

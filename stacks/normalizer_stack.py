@@ -5,7 +5,7 @@ from __future__ import annotations
 from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
-from prefix_routing.config import StageConfig
+from prefix_routing.stage.config import StageConfig
 from stacks.constructs.normalizer_function import NormalizerFunction, normalizer_code
 
 

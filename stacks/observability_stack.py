@@ -5,7 +5,7 @@ from __future__ import annotations
 from aws_cdk import CfnOutput, Stack, aws_logs as logs
 from constructs import Construct
 
-from prefix_routing.config import StageConfig
+from prefix_routing.stage.config import StageConfig
 from stacks.constructs.alarms import AlertTopic, RoutingAlarms
 from stacks.constructs.dashboard import RoutingDashboard
 from stacks.constructs.log_insights import RequestLogInsights

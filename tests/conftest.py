@@ -41,7 +41,7 @@ def require_shared_trace() -> Path:
 @pytest.fixture(scope="session")
 def mooncake_trace():
     """The whole trace, read once per test process (see ``require_shared_trace``)."""
-    from prefix_routing import traces
+    from prefix_routing.lab import traces
 
     return traces.read_mooncake(require_shared_trace())
 
@@ -49,7 +49,7 @@ def mooncake_trace():
 @pytest.fixture(scope="session")
 def mooncake_slice():
     """The slice of the trace kept in the repository, read once per test process."""
-    from prefix_routing import traces
+    from prefix_routing.lab import traces
 
     return traces.read_mooncake(MOONCAKE_SLICE)
 

@@ -15,33 +15,25 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: Room of every module (dotted name, or a package prefix ending in ".").
+#: Room of every module (dotted name, or a package prefix ending in "."): the subpackages of
+#: prefix_routing are the rooms (prefix_routing/__init__.py and docs/architecture.md say why).
 ROOMS = {
-    # what runs everywhere: standard library only
-    "prefix_routing.normalize": "rules",
-    "prefix_routing.telemetry": "rules",
-    "prefix_routing.errors": "rules",  # UserError: one line, exit status 2
-    # the Lambda's logic
-    "prefix_routing.invoke": "frontdoor",
-    # the typed stage configuration and the tables the stacks and the lab read
-    "prefix_routing.config": "stage",
-    "prefix_routing.presets": "stage",
-    # the routing lab (the fleet model, traces, workloads)
-    "prefix_routing.fleet": "lab",
-    "prefix_routing.lab": "lab",
-    "prefix_routing.traces": "lab",
-    "prefix_routing.bodies": "lab",
-    # the local SageMaker runtime
-    "prefix_routing.eventstream": "emulator",
-    "prefix_routing.runtime_server": "emulator",
-    "prefix_routing.emulator": "emulator",
-    "prefix_routing.loadtest": "loadtest",
-    # the command line and what only it runs
-    "prefix_routing.__main__": "cli",
-    "prefix_routing.commands": "cli",
-    "prefix_routing.commands.": "cli",
-    "prefix_routing.demo": "cli",
     "prefix_routing": "package",  # __init__: a docstring, imports nothing
+    "prefix_routing.rules": "rules",  # what runs everywhere: standard library only
+    "prefix_routing.rules.": "rules",
+    "prefix_routing.frontdoor": "frontdoor",  # the Lambda's logic
+    "prefix_routing.frontdoor.": "frontdoor",
+    "prefix_routing.stage": "stage",  # the typed stage configuration, the instance and model tables
+    "prefix_routing.stage.": "stage",
+    "prefix_routing.lab": "lab",  # traces, the fleet model, analyze, simulate, tune, plots
+    "prefix_routing.lab.": "lab",
+    "prefix_routing.emulator": "emulator",  # the local SageMaker runtime
+    "prefix_routing.emulator.": "emulator",
+    "prefix_routing.loadtest": "loadtest",
+    "prefix_routing.loadtest.": "loadtest",
+    "prefix_routing.cli": "cli",  # the command line and what only it runs
+    "prefix_routing.cli.": "cli",
+    "prefix_routing.__main__": "cli",
     "stacks.": "stacks",
     "stacks": "stacks",
     "handler": "lambda",
@@ -62,7 +54,13 @@ ALLOWED = {
     "lambda": ({"frontdoor", "rules", "package"}, {"boto3", "botocore"}),
 }
 #: The stacks may use the rules room only for the telemetry names.
-STACKS_MAY_USE = {"prefix_routing.telemetry"}
+STACKS_MAY_USE = {"prefix_routing.rules.telemetry"}
+
+
+def source_files() -> list[Path]:
+    files = [p.relative_to(ROOT) for folder in ("prefix_routing", "stacks", "lambda")
+             for p in (ROOT / folder).rglob("*.py")]
+    return sorted(p for p in files if "__pycache__" not in p.parts)
 
 
 def module_name(path: Path) -> str:
@@ -72,6 +70,9 @@ def module_name(path: Path) -> str:
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
+
+
+OUR_MODULES = {module_name(p) for p in source_files()}
 
 
 def room_of(module: str) -> str | None:
@@ -88,9 +89,9 @@ def imports_of(source: str) -> set[str]:
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.add(node.module)
-            if node.module in ("prefix_routing", "stacks", "prefix_routing.commands"):
-                found |= {f"{node.module}.{alias.name}" for alias in node.names}
+            # ``from package import module`` imports that module; ``from module import name``, the module.
+            submodules = {f"{node.module}.{alias.name}" for alias in node.names} & OUR_MODULES
+            found |= submodules or {node.module}
     return found
 
 
@@ -120,10 +121,6 @@ def violations(module: str, imported: set[str]) -> list[str]:
     return problems
 
 
-def source_files() -> list[Path]:
-    files = [p.relative_to(ROOT) for folder in ("prefix_routing", "stacks", "lambda")
-             for p in (ROOT / folder).rglob("*.py")]
-    return sorted(p for p in files if "__pycache__" not in p.parts)
 
 
 def test_every_module_is_in_a_room():
@@ -141,15 +138,27 @@ def test_imports_point_the_right_way(path):
     ("module", "source", "expected"),
     [
         # Each arrow reversed once: the check must see it.
-        ("prefix_routing.normalize", "from prefix_routing import fleet", "normalize (rules) imports prefix_routing.fleet (lab)"),
-        ("prefix_routing.normalize", "import boto3", "normalize (rules) imports boto3, outside the standard library"),
-        ("prefix_routing.invoke", "from prefix_routing.lab import simulate", "invoke (frontdoor) imports prefix_routing.lab (lab)"),
-        ("prefix_routing.lab", "def f():\n    from prefix_routing import loadtest", "lab (lab) imports prefix_routing.loadtest (loadtest)"),
-        ("prefix_routing.fleet", "import prefix_routing.emulator", "fleet (lab) imports prefix_routing.emulator (emulator)"),
-        ("stacks.metrics", "from prefix_routing import normalize", "the stacks may use only the telemetry names"),
-        ("stacks.app_builder", "from prefix_routing.lab import simulate", "app_builder (stacks) imports prefix_routing.lab (lab)"),
-        ("prefix_routing.loadtest", "from prefix_routing.commands import loadtest", "nothing imports the command line"),
-        ("handler", "from prefix_routing import traces", "handler (lambda) imports prefix_routing.traces (lab)"),
+        ("prefix_routing.rules.body", "from prefix_routing.lab import fleet", "body (rules) imports prefix_routing.lab.fleet (lab)"),
+        ("prefix_routing.rules.text", "import boto3", "text (rules) imports boto3, outside the standard library"),
+        ("prefix_routing.rules.identity", "from prefix_routing.frontdoor import Invoker",
+         "identity (rules) imports prefix_routing.frontdoor (frontdoor)"),
+        ("prefix_routing.frontdoor.invoker", "from prefix_routing.lab.simulate import simulate",
+         "invoker (frontdoor) imports prefix_routing.lab.simulate (lab)"),
+        ("prefix_routing.frontdoor.record", "from prefix_routing.stage.config import StageConfig",
+         "record (frontdoor) imports prefix_routing.stage.config (stage)"),
+        ("prefix_routing.frontdoor.upstream", "import pydantic", "upstream (frontdoor) imports pydantic, outside"),
+        ("prefix_routing.lab.simulate", "def f():\n    from prefix_routing import loadtest",
+         "simulate (lab) imports prefix_routing.loadtest (loadtest)"),
+        ("prefix_routing.lab.fleet", "import prefix_routing.emulator.server",
+         "fleet (lab) imports prefix_routing.emulator.server (emulator)"),
+        ("stacks.metrics", "from prefix_routing.rules import normalize_body", "the stacks may use only the telemetry names"),
+        ("stacks.metrics", "from prefix_routing.rules.body import normalize_body", "the stacks may use only the telemetry names"),
+        ("stacks.app_builder", "from prefix_routing.lab import simulate", "app_builder (stacks) imports prefix_routing.lab.simulate (lab)"),
+        ("stacks.app_builder", "from prefix_routing.frontdoor import Invoker", "app_builder (stacks) imports prefix_routing.frontdoor"),
+        ("prefix_routing.loadtest.runner", "from prefix_routing.cli import loadtest", "nothing imports the command line"),
+        ("prefix_routing.emulator.server", "from prefix_routing.loadtest import run_load",
+         "server (emulator) imports prefix_routing.loadtest (loadtest)"),
+        ("handler", "from prefix_routing.lab import traces", "handler (lambda) imports prefix_routing.lab.traces (lab)"),
     ],
 )
 def test_a_reversed_arrow_is_caught(module, source, expected):
@@ -157,5 +166,6 @@ def test_a_reversed_arrow_is_caught(module, source, expected):
 
 
 def test_the_stacks_may_read_the_telemetry_names_and_the_stage():
-    assert violations("stacks.metrics", imports_of("from prefix_routing import telemetry\nimport aws_cdk")) == []
-    assert violations("stacks.endpoint_stack", imports_of("from prefix_routing.config import StageConfig")) == []
+    assert violations("stacks.metrics", imports_of("from prefix_routing.rules import telemetry\nimport aws_cdk")) == []
+    assert violations("stacks.metrics", imports_of("from prefix_routing.rules.telemetry import NAMESPACE")) == []
+    assert violations("stacks.endpoint_stack", imports_of("from prefix_routing.stage.config import StageConfig")) == []

@@ -14,13 +14,13 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from prefix_routing import invoke
-from prefix_routing.config import load_stage
-from prefix_routing.demo import long_context_items
-from prefix_routing.emulator import start_emulator
+from prefix_routing import frontdoor
+from prefix_routing.stage.config import load_stage
+from prefix_routing.cli.demo_run import long_context_items
+from prefix_routing.emulator.fleet_backend import start_emulator
 from prefix_routing.loadtest import SageMakerTarget, run_load, summarize
-from prefix_routing.normalize import NormalizerSettings
-from prefix_routing.runtime_server import Faults
+from prefix_routing.rules.settings import NormalizerSettings
+from prefix_routing.emulator.faults import Faults
 from tests.lambda_normalizer.conftest import Lines, url_event
 
 FAULTS = {
@@ -97,9 +97,9 @@ def test_handler_accounts_for_every_request_once_under(fault):
         "sagemaker-runtime", endpoint_url=server.url, region_name="us-east-1", aws_access_key_id="t",
         aws_secret_access_key="t", config=Config(retries={"total_max_attempts": 1}, read_timeout=10),
     )
-    invoker = invoke.Invoker(
+    invoker = frontdoor.Invoker(
         client,
-        invoke.InvokeConfig(endpoint_name=config.endpoint_name, component_name=config.component_name,
+        frontdoor.InvokeConfig(endpoint_name=config.endpoint_name, component_name=config.component_name,
                             tenancy="iam", settings=NormalizerSettings(prefix_length=config.routing.prefix_length)),
         b"0123456789abcdef-end-to-end-key",
         emit=lines,
@@ -108,7 +108,7 @@ def test_handler_accounts_for_every_request_once_under(fault):
     )
     bodies = [item.body for item in long_context_items(20, seed=4)]
     try:
-        answers = [invoker.buffered(invoke.request_from_event(url_event(body))) for body in bodies]
+        answers = [invoker.buffered(frontdoor.request_from_event(url_event(body))) for body in bodies]
         server.wait_until_idle(30)
         records = server.requests
     finally:

@@ -1,4 +1,4 @@
-"""The normalizer Lambda's entry points: thin, the logic is in ``prefix_routing.invoke``.
+"""The normalizer Lambda's entry points: thin, the logic is in ``prefix_routing.frontdoor``.
 
 How responses stream. The Python managed runtime has no native response streaming (only Node.js
 has it), so the function runs the AWS Lambda Web Adapter (LWA) as a layer: the layer's
@@ -16,12 +16,12 @@ enough for LWA's one connection.
   request) in the ``x-amzn-request-context`` header, overwriting any value the client sent; the
   tenant is read from there. The status line is held back until the first token (or an error) is
   known, so throttling, model errors and timeouts before the first byte get proper 429/502/503/504
-  answers; later failures are reported in-band (see ``prefix_routing.invoke``).
+  answers; later failures are reported in-band (see ``prefix_routing.frontdoor``).
 - Direct invocations (``lambda:InvokeFunction`` with ``{"body": {...}, "tenant": "..."}``): LWA
   passes non-HTTP events through as ``POST /events`` (``AWS_LWA_PASS_THROUGH_PATH``) with the
   request context ``null``; the app answers with :func:`handle_event`'s buffered JSON. In
   ``response_stream`` mode LWA puts its HTTP metadata prelude (a JSON object and 8 zero bytes) in
-  front of that payload; ``prefix_routing.invoke.decode_direct_payload`` strips it.
+  front of that payload; ``prefix_routing.frontdoor.decode_direct_payload`` strips it.
 - :func:`handler` is a plain ``handler(event, context)`` for the same events without LWA (tests, or a
   deployment with the plain Python runtime and a ``BUFFERED`` Function URL): HTTP events get the
   proxy-integration result, direct invocations the JSON answer.
@@ -30,7 +30,7 @@ Cold start: the runtime and Secrets Manager clients and the tenant key (``GetSec
 secret named by ``TENANT_KEY_SECRET_ARN``, once per execution environment) are set up by
 :func:`get_invoker`, which ``server.py`` calls before it starts listening, that is during the
 function's init phase (LWA's readiness check waits for it). Metrics are written in the Embedded
-Metric Format by Powertools' EMF provider (``prefix_routing.invoke.emf_document``).
+Metric Format by Powertools' EMF provider (``prefix_routing.frontdoor.emf_document``).
 """
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-from prefix_routing import invoke
+from prefix_routing import frontdoor
 
 _LOCK = threading.Lock()
-_INVOKER: invoke.Invoker | None = None
+_INVOKER: frontdoor.Invoker | None = None
 
 
 def _runtime_client_config() -> Config:
@@ -60,16 +60,16 @@ def _runtime_client_config() -> Config:
     )
 
 
-def _build_invoker() -> invoke.Invoker:
-    config = invoke.InvokeConfig.from_env()
+def _build_invoker() -> frontdoor.Invoker:
+    config = frontdoor.InvokeConfig.from_env()
     session = boto3.session.Session()
     runtime = session.client("sagemaker-runtime", config=_runtime_client_config())
     secrets = session.client("secretsmanager", config=Config(retries={"mode": "standard", "max_attempts": 3}))
-    key = invoke.load_tenant_key(secrets, os.environ.get("TENANT_KEY_SECRET_ARN", ""))
-    return invoke.Invoker(runtime, config, key)
+    key = frontdoor.load_tenant_key(secrets, os.environ.get("TENANT_KEY_SECRET_ARN", ""))
+    return frontdoor.Invoker(runtime, config, key)
 
 
-def get_invoker() -> invoke.Invoker:
+def get_invoker() -> frontdoor.Invoker:
     """The execution environment's invoker, built once (clients, configuration, tenant key)."""
     global _INVOKER
     if _INVOKER is None:
@@ -79,24 +79,24 @@ def get_invoker() -> invoke.Invoker:
     return _INVOKER
 
 
-def configure(invoker: invoke.Invoker | None) -> None:
+def configure(invoker: frontdoor.Invoker | None) -> None:
     """Use this invoker (tests); ``None`` builds one from the environment on the next request."""
     global _INVOKER
     with _LOCK:
         _INVOKER = invoker
 
 
-def _configuration_failure(error: Exception) -> invoke.Buffered:
+def _configuration_failure(error: Exception) -> frontdoor.Buffered:
     # ConfigurationError messages name the variable, never a secret; other errors by type and code only.
-    detail = str(error) if isinstance(error, invoke.ConfigurationError) else type(error).__name__
+    detail = str(error) if isinstance(error, frontdoor.ConfigurationError) else type(error).__name__
     response = getattr(error, "response", None)
     code = (response.get("Error") or {}).get("Code") if isinstance(response, dict) else None
     print(json.dumps({"message": "prefix_routing.configuration_error", "error": detail, "code": code}), flush=True)
     body = {"error": {"code": "configuration", "message": "the front door is misconfigured", "status": 500}}
-    return invoke.Buffered(500, dict(invoke.JSON_HEADERS), body)
+    return frontdoor.Buffered(500, dict(frontdoor.JSON_HEADERS), body)
 
 
-def handle_request(request: invoke.FrontRequest) -> invoke.Buffered:
+def handle_request(request: frontdoor.FrontRequest) -> frontdoor.Buffered:
     """The buffered answer to one request."""
     try:
         invoker = get_invoker()
@@ -107,14 +107,14 @@ def handle_request(request: invoke.FrontRequest) -> invoke.Buffered:
 
 def handle_event(event: Any, context: Any = None) -> dict[str, Any]:
     """A direct invocation's result: ``{"statusCode", "headers", "body": <JSON object>}``."""
-    request = invoke.request_from_event(event, context)
+    request = frontdoor.request_from_event(event, context)
     answer = handle_request(request)
     return {"statusCode": answer.status, "headers": answer.headers, "body": answer.body}
 
 
 def handler(event: Any, context: Any = None) -> dict[str, Any]:
     """Plain Lambda handler (buffered): Function URL / API Gateway events or direct invocations."""
-    request = invoke.request_from_event(event, context)
+    request = frontdoor.request_from_event(event, context)
     answer = handle_request(request)
     if request.source == "http":
         return {

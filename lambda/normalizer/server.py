@@ -26,12 +26,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import handler as lambda_handler  # noqa: E402
-from prefix_routing import invoke  # noqa: E402
+from prefix_routing import frontdoor  # noqa: E402
 
 HEALTH_PATH = "/healthz"
 # Largest request body read. Up to a little over the runtime's 6 MiB the normalizer answers (and logs)
 # "too_large" itself; beyond, the body is refused unread (Function URLs refuse such bodies anyway).
-MAX_READ_BYTES = invoke.MAX_BODY_BYTES_LIMIT + 64 * 1024
+MAX_READ_BYTES = frontdoor.MAX_BODY_BYTES_LIMIT + 64 * 1024
 _REQUEST_CONTEXT = "x-amzn-request-context"
 _LAMBDA_CONTEXT = "x-amzn-lambda-context"
 
@@ -64,7 +64,7 @@ class FrontDoorHandler(BaseHTTPRequestHandler):
     server_version = "prefix-routing-normalizer"
     sys_version = ""
     #: Returns the invoker; the server sets it (tests give their own).
-    get_invoker: Callable[[], invoke.Invoker] = staticmethod(lambda_handler.get_invoker)
+    get_invoker: Callable[[], frontdoor.Invoker] = staticmethod(lambda_handler.get_invoker)
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the request log is our JSON line
         return
@@ -105,19 +105,19 @@ class FrontDoorHandler(BaseHTTPRequestHandler):
         except ValueError:
             return self._reject("invalid_body", "content-length: not a number")
         if length < 0 or length > MAX_READ_BYTES:
-            return self._reject("too_large", f"body: {length} bytes; allowed: at most {invoke.MAX_BODY_BYTES_LIMIT}")
+            return self._reject("too_large", f"body: {length} bytes; allowed: at most {frontdoor.MAX_BODY_BYTES_LIMIT}")
         return self.rfile.read(length) if length else b""
 
     def _reject(self, code: str, message: str) -> None:
         self.close_connection = True  # the rest of the body is not read
         body = json.dumps({"error": {"code": code, "message": message, "status": 400, "field": "body"}}).encode()
-        self._send_whole(400, dict(invoke.JSON_HEADERS), body)
+        self._send_whole(400, dict(frontdoor.JSON_HEADERS), body)
         return None
 
     # -- routes
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         if self.path.split("?", 1)[0] == HEALTH_PATH:
-            self._send_whole(200, dict(invoke.JSON_HEADERS), b'{"status":"ok"}')
+            self._send_whole(200, dict(frontdoor.JSON_HEADERS), b'{"status":"ok"}')
             return
         self._front()
 
@@ -130,7 +130,7 @@ class FrontDoorHandler(BaseHTTPRequestHandler):
         if context_header is not None and context_header.strip() == "null":
             self._direct(body, lambda_context)
             return
-        request = invoke.request_from_http(
+        request = frontdoor.request_from_http(
             self.command, dict(self.headers.items()), body,
             request_context=_json_header(context_header), lambda_context=lambda_context,
         )
@@ -150,22 +150,22 @@ class FrontDoorHandler(BaseHTTPRequestHandler):
             event = json.loads(body)
         except ValueError:
             event = None  # request_from_event answers "not a JSON object"
-        request = invoke.request_from_event(event, _Direct(lambda_context))
+        request = frontdoor.request_from_event(event, _Direct(lambda_context))
         try:
             answer = self.get_invoker().buffered(request)
         except Exception as error:  # noqa: BLE001
             answer = lambda_handler._configuration_failure(error)
         result = {"statusCode": answer.status, "headers": answer.headers, "body": answer.body}
         payload = json.dumps(result, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-        self._send_whole(200, dict(invoke.JSON_HEADERS), payload)
+        self._send_whole(200, dict(frontdoor.JSON_HEADERS), payload)
 
     def _stream(self, exchange) -> None:
-        head: invoke.Head | None = None
+        head: frontdoor.Head | None = None
         pending: list[bytes] = []
         streaming = False
         try:
             for item in exchange:
-                if isinstance(item, invoke.Head):
+                if isinstance(item, frontdoor.Head):
                     head = item
                     if head.status == 200:
                         self.send_response(200)
@@ -182,7 +182,7 @@ class FrontDoorHandler(BaseHTTPRequestHandler):
                             self.wfile.flush()
                     else:
                         pending.append(item)
-                elif isinstance(item, invoke.Outcome):
+                elif isinstance(item, frontdoor.Outcome):
                     if streaming:
                         self.wfile.write(b"0\r\n\r\n")
                         self.wfile.flush()
@@ -201,7 +201,7 @@ class FrontDoorServer(ThreadingHTTPServer):
 
 
 def make_server(host: str = "127.0.0.1", port: int = 8080,
-                get_invoker: Callable[[], invoke.Invoker] | None = None) -> FrontDoorServer:
+                get_invoker: Callable[[], frontdoor.Invoker] | None = None) -> FrontDoorServer:
     """A server bound to ``host:port`` (``port=0``: a free one); ``get_invoker`` for tests."""
     handler_class = FrontDoorHandler
     if get_invoker is not None:

@@ -7,7 +7,7 @@ from aws_cdk import aws_cloudwatch as cloudwatch, aws_cloudwatch_actions as cw_a
 from aws_cdk import aws_kms as kms, aws_sns as sns, aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
-from prefix_routing.config import AlarmSettings, RoutingSettings, ScalingSettings
+from prefix_routing.stage.config import AlarmSettings, RoutingSettings, ScalingSettings
 from stacks.metrics import NormalizerMetrics, SageMakerMetrics
 
 Op = cloudwatch.ComparisonOperator

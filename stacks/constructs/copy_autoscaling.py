@@ -6,7 +6,7 @@ from aws_cdk import Duration, aws_applicationautoscaling as appscaling, aws_clou
 from aws_cdk import aws_cloudwatch_actions as cw_actions
 from constructs import Construct
 
-from prefix_routing.config import EndpointSettings, ScalingSettings
+from prefix_routing.stage.config import EndpointSettings, ScalingSettings
 
 COPY_DIMENSION = "sagemaker:inference-component:DesiredCopyCount"
 

@@ -11,7 +11,7 @@ from aws_cdk import ArnFormat, Aws, Stack, aws_iam as iam, aws_kms as kms, aws_s
 from aws_cdk.region_info import FactName
 from constructs import Construct
 
-from prefix_routing.config import EndpointSettings, MetricsSettings, ModelSettings, RoutingSettings
+from prefix_routing.stage.config import EndpointSettings, MetricsSettings, ModelSettings, RoutingSettings
 
 VARIANT_NAME = "AllTraffic"
 MODEL_DIR = "/opt/ml/model"  # where SageMaker puts ModelDataSource content

@@ -12,7 +12,7 @@ import json
 from aws_cdk import aws_cloudwatch as cloudwatch, aws_logs as logs
 from constructs import Construct
 
-from prefix_routing.telemetry import REQUEST_LOG_MESSAGE, LogField as F
+from prefix_routing.rules.telemetry import REQUEST_LOG_MESSAGE, LogField as F
 
 ONLY_REQUEST_LINES = f"{F.MESSAGE} = '{REQUEST_LOG_MESSAGE}'"
 

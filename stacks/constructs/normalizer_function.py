@@ -28,14 +28,16 @@ from aws_cdk import AssetHashType, BundlingOptions, DockerImage, Duration, ILoca
 from aws_cdk import aws_iam as iam, aws_lambda as lambda_, aws_logs as logs, aws_secretsmanager as secretsmanager
 from constructs import Construct
 
-from prefix_routing.config import NormalizerFunctionSettings, RoutingSettings
+from prefix_routing.stage.config import NormalizerFunctionSettings, RoutingSettings
 from stacks.nag import acknowledge
 
 ROOT = Path(__file__).resolve().parents[2]
 HANDLER_DIR = ROOT / "lambda" / "normalizer"
 VENDORED_DIR = ROOT / "build" / "lambda-python"
-# The library modules the Lambda needs: standard library only, by the house rules.
-LIBRARY_MODULES = ("__init__.py", "errors.py", "normalize.py", "telemetry.py", "invoke.py")
+# The rooms of the library the Lambda runs (the rules and the front door: standard library only, by
+# the house rules) and the package's own __init__; never the lab, the emulator, the load tester or
+# the command line (tests/stacks/test_normalizer_function.py checks the asset).
+LIBRARY_PACKAGES = ("rules", "frontdoor")
 
 # AWS Lambda Web Adapter, published by AWS as a public layer in account 753240598075 of every
 # commercial region (arm64 name below; x86_64 is LambdaAdapterLayerX86). Version 30 is the one the
@@ -70,8 +72,10 @@ class _CopyBundler:
         shutil.copytree(HANDLER_DIR, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         (out / HANDLER).chmod(0o755)  # Lambda executes it: the zip must carry the mode
         (out / "prefix_routing").mkdir(exist_ok=True)
-        for module in LIBRARY_MODULES:
-            shutil.copy2(ROOT / "prefix_routing" / module, out / "prefix_routing" / module)
+        shutil.copy2(ROOT / "prefix_routing" / "__init__.py", out / "prefix_routing" / "__init__.py")
+        for package in LIBRARY_PACKAGES:
+            shutil.copytree(ROOT / "prefix_routing" / package, out / "prefix_routing" / package, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         return True
 
 
@@ -170,7 +174,7 @@ class NormalizerFunction(Construct):
                 "AWS_LWA_PORT": str(APP_PORT),
                 "AWS_LWA_READINESS_CHECK_PATH": READINESS_PATH,
                 "AWS_LWA_PASS_THROUGH_PATH": PASS_THROUGH_PATH,
-                # The front door (prefix_routing.invoke.InvokeConfig.from_env).
+                # The front door (prefix_routing.frontdoor.InvokeConfig.from_env).
                 "ENDPOINT_NAME": endpoint_name,
                 "INFERENCE_COMPONENT_NAME": component_name,
                 "ROUTING_STRATEGY": routing.strategy,

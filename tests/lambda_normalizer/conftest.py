@@ -17,8 +17,8 @@ LAMBDA_DIR = ROOT / "lambda" / "normalizer"
 if str(LAMBDA_DIR) not in sys.path:
     sys.path.insert(0, str(LAMBDA_DIR))
 
-from prefix_routing import invoke  # noqa: E402
-from prefix_routing.telemetry import REQUEST_LOG_MESSAGE  # noqa: E402
+from prefix_routing import frontdoor  # noqa: E402
+from prefix_routing.rules.telemetry import REQUEST_LOG_MESSAGE  # noqa: E402
 
 KEY = b"0123456789abcdef-test-tenant-key"
 ROLE_ARN = "arn:aws:sts::111122223333:assumed-role/ChatApp/session-1"
@@ -76,10 +76,10 @@ def url_event(body: bytes | str = BODY, *, user_arn: str = ROLE_ARN, headers: di
     }
 
 
-def config(**overrides) -> invoke.InvokeConfig:
+def config(**overrides) -> frontdoor.InvokeConfig:
     values = {"endpoint_name": "test-prefix-llm", "component_name": "test-prefix-llm-ic", "tenancy": "iam"}
     values.update(overrides)
-    return invoke.InvokeConfig(**values)
+    return frontdoor.InvokeConfig(**values)
 
 
 class Lines:

@@ -17,7 +17,7 @@ from collections import Counter
 import pytest
 
 import handler as lambda_handler
-from prefix_routing import invoke
+from prefix_routing import frontdoor
 from tests.lambda_normalizer.conftest import KEY, FakeRuntime, config, iam_context
 
 pytestmark = pytest.mark.fuzz
@@ -138,7 +138,7 @@ def test_fuzz_100k_bodies_only_400_or_success():
     def emit(line: str) -> None:
         emitted[0] += 1
 
-    lambda_handler.configure(invoke.Invoker(runtime, config(), KEY, emit=emit))
+    lambda_handler.configure(frontdoor.Invoker(runtime, config(), KEY, emit=emit))
     rng = random.Random(SEED)
     statuses: Counter = Counter()
     kinds: Counter = Counter()

@@ -17,9 +17,11 @@ import pytest
 from botocore.config import Config
 
 import server as web_app
-from prefix_routing import invoke
-from prefix_routing.normalize import routing_identity
-from prefix_routing.runtime_server import EchoBackend, Faults, serve_runtime
+from prefix_routing import frontdoor
+from prefix_routing.rules.identity import routing_identity
+from prefix_routing.emulator.echo_backend import EchoBackend
+from prefix_routing.emulator.faults import Faults
+from prefix_routing.emulator.server import serve_runtime
 from tests.lambda_normalizer.conftest import (
     CHAT,
     KEY,
@@ -51,14 +53,14 @@ def runtime_client(server, read_timeout: float = 10.0):
     return client
 
 
-def invoker_for(server, lines, *, read_timeout: float = 10.0, sleeps=None, **overrides) -> invoke.Invoker:
+def invoker_for(server, lines, *, read_timeout: float = 10.0, sleeps=None, **overrides) -> frontdoor.Invoker:
     sleep = sleeps.append if sleeps is not None else (lambda seconds: None)
-    return invoke.Invoker(runtime_client(server, read_timeout), config(**overrides), KEY, emit=lines,
+    return frontdoor.Invoker(runtime_client(server, read_timeout), config(**overrides), KEY, emit=lines,
                           sleep=sleep, jitter=lambda: 0.0)
 
 
-def request(body: bytes = STREAMING, **kwargs) -> invoke.FrontRequest:
-    return invoke.request_from_event(url_event(body, **kwargs))
+def request(body: bytes = STREAMING, **kwargs) -> frontdoor.FrontRequest:
+    return frontdoor.request_from_event(url_event(body, **kwargs))
 
 
 def sse_objects(data: bytes) -> list:
@@ -323,7 +325,7 @@ def test_web_app_pass_through_event_is_a_direct_invocation(front_door):
     assert response.status == 200
     # What lambda:Invoke returns in response_stream mode: the adapter's prelude, 8 zero bytes, the body.
     prelude = json.dumps({"statusCode": 200, "headers": {"content-type": "application/json"}}).encode()
-    result = invoke.decode_direct_payload(prelude + b"\x00" * 8 + raw)
+    result = frontdoor.decode_direct_payload(prelude + b"\x00" * 8 + raw)
     assert result == json.loads(raw)
     assert result["statusCode"] == 200 and result["body"]["choices"][0]["finish_reason"] is not None
     assert runtime.requests[-1].headers.prefix_aware_id == routing_identity("acme", "bot", KEY).prefix_aware_id

@@ -18,8 +18,10 @@ from botocore.eventstream import EventStream
 from botocore.stub import Stubber
 
 import handler as lambda_handler
-from prefix_routing import eventstream, invoke
-from prefix_routing.normalize import normalize_body, routing_identity
+from prefix_routing.emulator import eventstream
+from prefix_routing import frontdoor
+from prefix_routing.rules.body import normalize_body
+from prefix_routing.rules.identity import routing_identity
 from tests.lambda_normalizer.conftest import (
     BODY,
     CHAT,
@@ -117,8 +119,8 @@ def sleeps():
     return []
 
 
-def make_invoker(runtime, lines, sleeps, **overrides) -> invoke.Invoker:
-    return invoke.Invoker(runtime.client, config(**overrides), KEY, emit=lines, sleep=sleeps.append,
+def make_invoker(runtime, lines, sleeps, **overrides) -> frontdoor.Invoker:
+    return frontdoor.Invoker(runtime.client, config(**overrides), KEY, emit=lines, sleep=sleeps.append,
                           jitter=lambda: 0.5)
 
 
@@ -127,7 +129,7 @@ def test_exact_parameters_and_a_real_event_stream(runtime, lines, sleeps):
     assert expected["PrefixAwareId"].startswith("pa-") and len(expected["PrefixAwareId"]) <= 64
     assert expected["Body"].startswith(b'{"cache_salt":')
     runtime.answer(expected, parts(sse_chunks(("one", "two", "three"))))
-    answer = make_invoker(runtime, lines, sleeps).buffered(invoke.request_from_event(url_event()))
+    answer = make_invoker(runtime, lines, sleeps).buffered(frontdoor.request_from_event(url_event()))
     runtime.stubber.assert_no_pending_responses()
     assert answer.status == 200
     assert answer.body["choices"] == [{"index": 0, "text": "one two three", "finish_reason": "stop"}]
@@ -143,7 +145,7 @@ def test_the_same_request_in_another_shape_sends_the_same_bytes(runtime, lines, 
     messy = ('{\r\n  "messages": [{"content": "You are a terse assistant for invoices.  ", "role": "system"},'
              ' {"content": "alpha beta gamma delta", "role": "user"}],\r\n "model": "m"}').encode()
     runtime.answer(expected, parts(sse_chunks()))
-    answer = make_invoker(runtime, lines, sleeps).buffered(invoke.request_from_event(url_event(messy)))
+    answer = make_invoker(runtime, lines, sleeps).buffered(frontdoor.request_from_event(url_event(messy)))
     assert answer.status == 200
     runtime.stubber.assert_no_pending_responses()
 
@@ -153,7 +155,7 @@ def test_streaming_body_gets_include_usage_in_the_exact_body(runtime, lines, sle
     expected = expected_params(body)
     assert json.loads(expected["Body"])["stream_options"] == {"include_usage": True}
     runtime.answer(expected, parts(sse_chunks()))
-    assert make_invoker(runtime, lines, sleeps).buffered(invoke.request_from_event(url_event(body))).status == 200
+    assert make_invoker(runtime, lines, sleeps).buffered(frontdoor.request_from_event(url_event(body))).status == 200
     runtime.stubber.assert_no_pending_responses()
 
 
@@ -163,7 +165,7 @@ def test_throttling_is_retried_with_backoff_then_succeeds(runtime, lines, sleeps
     runtime.fail(expected, "ThrottlingException", 400)
     runtime.answer(expected, parts(sse_chunks()))
     answer = make_invoker(runtime, lines, sleeps, backoff_base_s=0.2, backoff_max_s=5).buffered(
-        invoke.request_from_event(url_event()))
+        frontdoor.request_from_event(url_event()))
     runtime.stubber.assert_no_pending_responses()
     assert answer.status == 200
     assert sleeps == [pytest.approx(0.15), pytest.approx(0.3)]  # 0.2·2^(n-1), jitter 0.5 → ×0.75
@@ -174,7 +176,7 @@ def test_persistent_throttling_is_429_with_retry_after(runtime, lines, sleeps):
     expected = expected_params()
     for _ in range(3):
         runtime.fail(expected, "ThrottlingException", 400)
-    answer = make_invoker(runtime, lines, sleeps).buffered(invoke.request_from_event(url_event()))
+    answer = make_invoker(runtime, lines, sleeps).buffered(frontdoor.request_from_event(url_event()))
     runtime.stubber.assert_no_pending_responses()
     assert answer.status == 429 and answer.headers["retry-after"].isdigit()
     assert answer.body["error"]["code"] == "throttled" and answer.body["error"]["attempts"] == 3
@@ -199,7 +201,7 @@ def test_upstream_errors(runtime, lines, sleeps, code, http, status, kind, attem
     fields = {"OriginalStatusCode": 500, "OriginalMessage": "CUDA out of memory"} if code == "ModelError" else {}
     for _ in range(attempts):
         runtime.fail(expected, code, http, **fields)
-    answer = make_invoker(runtime, lines, sleeps).buffered(invoke.request_from_event(url_event()))
+    answer = make_invoker(runtime, lines, sleeps).buffered(frontdoor.request_from_event(url_event()))
     runtime.stubber.assert_no_pending_responses()  # exactly `attempts` calls: no retry of non-transient errors
     assert answer.status == status and answer.body["error"]["code"] == kind
     assert answer.body["error"]["upstream_code"] == code and answer.body["error"]["message"]
@@ -210,7 +212,7 @@ def test_transient_error_then_success(runtime, lines, sleeps):
     expected = expected_params()
     runtime.fail(expected, "InternalFailure", 500)
     runtime.answer(expected, parts(sse_chunks()))
-    answer = make_invoker(runtime, lines, sleeps).buffered(invoke.request_from_event(url_event()))
+    answer = make_invoker(runtime, lines, sleeps).buffered(frontdoor.request_from_event(url_event()))
     assert answer.status == 200 and len(sleeps) == 1
 
 
@@ -219,7 +221,7 @@ def test_mid_stream_model_error_after_the_first_token(runtime, lines, sleeps):
     chunks = sse_chunks(("a", "b", "c"), usage=False, done=False)[:2]
     runtime.answer(expected, parts(chunks) + [eventstream.model_stream_error("model crashed", "StreamBroken")])
     invoker = make_invoker(runtime, lines, sleeps)
-    items = list(invoker.stream(invoke.request_from_event(url_event())))
+    items = list(invoker.stream(frontdoor.request_from_event(url_event())))
     assert items[0].status == 200
     assert items[-1].status == 502 and items[-1].error["code"] == "model_stream_error"
     error_event = json.loads(items[-2].strip().removeprefix(b"data: "))
@@ -231,7 +233,7 @@ def test_stream_error_before_the_first_token_is_retried(runtime, lines, sleeps):
     expected = expected_params()
     runtime.answer(expected, [eventstream.internal_stream_failure("hiccup")])
     runtime.answer(expected, parts(sse_chunks()))
-    answer = make_invoker(runtime, lines, sleeps).buffered(invoke.request_from_event(url_event()))
+    answer = make_invoker(runtime, lines, sleeps).buffered(frontdoor.request_from_event(url_event()))
     assert answer.status == 200 and len(sleeps) == 1
     runtime.stubber.assert_no_pending_responses()
 
@@ -239,7 +241,7 @@ def test_stream_error_before_the_first_token_is_retried(runtime, lines, sleeps):
 def test_bad_bodies_never_reach_the_endpoint(runtime, lines, sleeps):
     invoker = make_invoker(runtime, lines, sleeps)
     for body in (b"{", b'{"messages": 3}', b"\xc3\x28", b'{"prompt": "a", "prompt": "b"}'):
-        answer = invoker.buffered(invoke.request_from_event(url_event(body)))
+        answer = invoker.buffered(frontdoor.request_from_event(url_event(body)))
         assert answer.status == 400 and answer.body["error"]["field"]
     runtime.stubber.assert_no_pending_responses()  # Stubber would raise on any call: none was made
     assert all(doc["ClientErrors"] == 1 and doc["Requests"] == 0 for doc in lines.emf)
@@ -247,15 +249,15 @@ def test_bad_bodies_never_reach_the_endpoint(runtime, lines, sleeps):
 
 def test_header_tenancy_routes_by_the_header(runtime, lines, sleeps):
     cfg = config(tenancy="header")
-    body_request = invoke.request_from_event(url_event(headers={"x-tenant-id": "acme", "x-application-id": "bot"}))
-    prepared = invoke.prepare(body_request, cfg, KEY)
+    body_request = frontdoor.request_from_event(url_event(headers={"x-tenant-id": "acme", "x-application-id": "bot"}))
+    prepared = frontdoor.prepare(body_request, cfg, KEY)
     identity = routing_identity("acme", "bot", KEY)
     expected = {"EndpointName": "test-prefix-llm", "InferenceComponentName": "test-prefix-llm-ic",
                 "PrefixAwareId": identity.prefix_aware_id, "ContentType": "application/json",
                 "Body": prepared.normalized.body}
     runtime.answer(expected, parts(sse_chunks()))
     invoker = make_invoker(runtime, lines, sleeps, tenancy="header")
-    answer = invoker.buffered(invoke.request_from_event(url_event(headers={"x-tenant-id": "acme",
+    answer = invoker.buffered(frontdoor.request_from_event(url_event(headers={"x-tenant-id": "acme",
                                                                            "x-application-id": "bot"})))
     assert answer.status == 200
     runtime.stubber.assert_no_pending_responses()
@@ -323,7 +325,7 @@ def test_handler_builds_its_clients_from_the_environment(monkeypatch):
         built = lambda_handler.get_invoker()
         assert built is lambda_handler.get_invoker()  # once per execution environment
         assert built.key == b"s" * 48 and built.config.endpoint_name == "ep"
-        client_config = built.client.meta.config
+        client_config = built.upstream.client.meta.config
         assert client_config.read_timeout == 42 and client_config.retries["total_max_attempts"] == 1
         stubs[0].assert_no_pending_responses()
     finally:

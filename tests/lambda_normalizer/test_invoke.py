@@ -19,8 +19,11 @@ from botocore.stub import Stubber
 from hypothesis import given, settings, strategies as st
 from urllib3.exceptions import ProtocolError
 
-from prefix_routing import invoke, telemetry
-from prefix_routing.normalize import NormalizerSettings, routing_identity
+from prefix_routing import frontdoor
+from prefix_routing.frontdoor import invoker as invoker_module, record as record_module, upstream
+from prefix_routing.rules import telemetry
+from prefix_routing.rules.settings import NormalizerSettings
+from prefix_routing.rules.identity import routing_identity
 from tests.lambda_normalizer.conftest import (
     BODY,
     CHAT,
@@ -37,13 +40,13 @@ from tests.lambda_normalizer.conftest import (
 
 
 def test_config_from_env_defaults_and_values():
-    cfg = invoke.InvokeConfig.from_env({"ENDPOINT_NAME": "ep", "INFERENCE_COMPONENT_NAME": "ic", "PREFIX_LENGTH": "0",
+    cfg = frontdoor.InvokeConfig.from_env({"ENDPOINT_NAME": "ep", "INFERENCE_COMPONENT_NAME": "ic", "PREFIX_LENGTH": "0",
                                         "BLOCK_BYTES": "1024", "TENANCY": "header", "TENANT_HEADER": "X-Tenant"})
     assert (cfg.endpoint_name, cfg.component_name, cfg.tenancy, cfg.tenant_header) == ("ep", "ic", "header", "x-tenant")
     assert cfg.settings.prefix_length == NormalizerSettings().prefix_length  # 0: not PREFIX_AWARE, default
     assert cfg.settings.block_bytes == 1024
     assert cfg.stream_usage is True and cfg.max_attempts == 3
-    cfg = invoke.InvokeConfig.from_env({
+    cfg = frontdoor.InvokeConfig.from_env({
         "ENDPOINT_NAME": "ep", "PREFIX_LENGTH": "8192", "STREAM_USAGE": "false", "UPSTREAM_MAX_ATTEMPTS": "5",
         "NORMALIZER_SETTINGS": json.dumps({"freeze_rules": [{"name": "date", "pattern": r"\d{4}-\d{2}-\d{2}"}]}),
     })
@@ -67,8 +70,8 @@ def test_config_from_env_defaults_and_values():
     ],
 )
 def test_config_errors_name_the_variable(env, named):
-    with pytest.raises(invoke.ConfigurationError, match=named):
-        invoke.InvokeConfig.from_env(env)
+    with pytest.raises(frontdoor.ConfigurationError, match=named):
+        frontdoor.InvokeConfig.from_env(env)
 
 
 def test_tenant_key_from_secrets_manager_exact_call():
@@ -76,14 +79,14 @@ def test_tenant_key_from_secrets_manager_exact_call():
     arn = "arn:aws:secretsmanager:us-east-1:111122223333:secret:TenantKey-AbCdEf"
     with Stubber(client) as stub:
         stub.add_response("get_secret_value", {"SecretString": "k" * 64}, {"SecretId": arn})
-        assert invoke.load_tenant_key(client, arn) == b"k" * 64
+        assert frontdoor.load_tenant_key(client, arn) == b"k" * 64
         stub.add_response("get_secret_value", {"SecretString": "short"}, {"SecretId": arn})
-        with pytest.raises(invoke.ConfigurationError) as caught:
-            invoke.load_tenant_key(client, arn)
+        with pytest.raises(frontdoor.ConfigurationError) as caught:
+            frontdoor.load_tenant_key(client, arn)
         assert "short" not in str(caught.value)  # the value never appears in a message
         stub.assert_no_pending_responses()
-    with pytest.raises(invoke.ConfigurationError, match="TENANT_KEY_SECRET_ARN"):
-        invoke.load_tenant_key(client, "")
+    with pytest.raises(frontdoor.ConfigurationError, match="TENANT_KEY_SECRET_ARN"):
+        frontdoor.load_tenant_key(client, "")
 
 
 # --------------------------------------------------------------------------- tenants
@@ -105,64 +108,64 @@ def test_tenant_key_from_secrets_manager_exact_call():
     ],
 )
 def test_principal_tenant(arn, caller, account, tenant):
-    assert invoke.principal_tenant(arn, caller, account) == tenant
+    assert frontdoor.principal_tenant(arn, caller, account) == tenant
 
 
 def test_iam_tenant_from_function_url_and_rest_api_contexts():
     cfg = config()
-    request = invoke.request_from_event(url_event())
-    assert invoke.identify_tenant(request, cfg) == (ROLE_TENANT, None)
+    request = frontdoor.request_from_event(url_event())
+    assert frontdoor.identify_tenant(request, cfg) == (ROLE_TENANT, None)
     rest = {"httpMethod": "POST", "headers": {"Content-Type": "application/json"}, "body": BODY.decode(),
             "requestContext": {"requestId": "r", "identity": {
                 "userArn": "arn:aws:iam::111122223333:user/bob", "caller": "AIDABOB", "accountId": "111122223333"}}}
-    request = invoke.request_from_event(rest)
+    request = frontdoor.request_from_event(rest)
     assert request.source == "http" and request.headers["content-type"] == "application/json"
-    assert invoke.identify_tenant(request, cfg) == ("arn:aws:iam::111122223333:user/bob", None)
+    assert frontdoor.identify_tenant(request, cfg) == ("arn:aws:iam::111122223333:user/bob", None)
 
 
 def test_missing_iam_identity_is_401():
     event = url_event()
     del event["requestContext"]["authorizer"]
-    with pytest.raises(invoke.RequestError) as caught:
-        invoke.identify_tenant(invoke.request_from_event(event), config())
+    with pytest.raises(frontdoor.RequestError) as caught:
+        frontdoor.identify_tenant(frontdoor.request_from_event(event), config())
     assert caught.value.status == 401 and caught.value.code == "unauthenticated"
 
 
 def test_header_tenancy_and_application_header():
     cfg = config(tenancy="header", tenant_header="X-Tenant-Id")
-    request = invoke.request_from_event(url_event(headers={"X-Tenant-Id": "acme", "x-application-id": "support-bot"}))
-    assert invoke.identify_tenant(request, cfg) == ("acme", "support-bot")
+    request = frontdoor.request_from_event(url_event(headers={"X-Tenant-Id": "acme", "x-application-id": "support-bot"}))
+    assert frontdoor.identify_tenant(request, cfg) == ("acme", "support-bot")
     for headers, code in (({}, "missing_tenant"), ({"x-tenant-id": "a b"}, "invalid_tenant"),
                           ({"x-tenant-id": "t" * 129}, "invalid_tenant"),
                           ({"x-tenant-id": "acme", "x-application-id": "bad app!"}, "invalid_application")):
-        with pytest.raises(invoke.RequestError) as caught:
-            invoke.identify_tenant(invoke.request_from_event(url_event(headers=headers)), cfg)
+        with pytest.raises(frontdoor.RequestError) as caught:
+            frontdoor.identify_tenant(frontdoor.request_from_event(url_event(headers=headers)), cfg)
         assert caught.value.status == 400 and caught.value.code == code
         assert caught.value.message  # names the problem
 
 
 def test_none_tenancy_shares_one_tenant_and_direct_invocations_name_theirs():
-    assert invoke.identify_tenant(invoke.request_from_event(url_event()), config(tenancy="none")) == (
-        invoke.SHARED_TENANT, None)
-    direct = invoke.request_from_event({"body": CHAT, "tenant": "acme", "application": "bot"})
+    assert frontdoor.identify_tenant(frontdoor.request_from_event(url_event()), config(tenancy="none")) == (
+        frontdoor.SHARED_TENANT, None)
+    direct = frontdoor.request_from_event({"body": CHAT, "tenant": "acme", "application": "bot"})
     assert direct.source == "direct"
-    assert invoke.identify_tenant(direct, config()) == ("acme", "bot")
-    with pytest.raises(invoke.RequestError, match="tenant") as caught:
-        invoke.identify_tenant(invoke.request_from_event({"body": CHAT}), config())
+    assert frontdoor.identify_tenant(direct, config()) == ("acme", "bot")
+    with pytest.raises(frontdoor.RequestError, match="tenant") as caught:
+        frontdoor.identify_tenant(frontdoor.request_from_event({"body": CHAT}), config())
     assert caught.value.code == "missing_tenant"
-    assert invoke.identify_tenant(invoke.request_from_event({"body": CHAT}), config(tenancy="none"))[0] == "shared"
+    assert frontdoor.identify_tenant(frontdoor.request_from_event({"body": CHAT}), config(tenancy="none"))[0] == "shared"
 
 
 # --------------------------------------------------------------------------- events
 
 
 def test_function_url_event_with_base64_body_and_bad_base64():
-    request = invoke.request_from_event(url_event(BODY, base64=True))
+    request = frontdoor.request_from_event(url_event(BODY, base64=True))
     assert request.body == BODY and request.problem is None
     event = url_event(BODY)
     event["isBase64Encoded"] = True
     event["body"] = "not base64!!"
-    request = invoke.request_from_event(event)
+    request = frontdoor.request_from_event(event)
     assert request.problem is not None and request.problem.code == "invalid_base64"
 
 
@@ -176,7 +179,7 @@ def test_function_url_event_with_base64_body_and_bad_base64():
     ],
 )
 def test_malformed_events_are_400(event, code):
-    request = invoke.request_from_event(event)
+    request = frontdoor.request_from_event(event)
     assert request.problem is not None and request.problem.status == 400 and request.problem.code == code
 
 
@@ -187,7 +190,7 @@ def test_lambda_context_gives_request_id_and_deadline():
         def get_remaining_time_in_millis(self):
             return 30_000
 
-    request = invoke.request_from_event(url_event(), Context())
+    request = frontdoor.request_from_event(url_event(), Context())
     assert request.request_id == "lambda-req-9"
     assert request.deadline is not None and request.deadline > request.arrival + 20
 
@@ -196,7 +199,7 @@ def test_lambda_context_gives_request_id_and_deadline():
 
 
 def test_prepare_derives_the_tenant_identity_and_salts_the_body():
-    prepared = invoke.prepare(invoke.request_from_event(url_event()), config(), KEY)
+    prepared = frontdoor.prepare(frontdoor.request_from_event(url_event()), config(), KEY)
     expected = routing_identity(ROLE_TENANT, None, KEY)
     assert prepared.identity == expected
     assert prepared.normalized.body.startswith(b'{"cache_salt":"' + expected.cache_salt.encode() + b'","messages":')
@@ -209,7 +212,7 @@ def test_tenants_never_share_routing_ids_sessions_of_one_role_do():
     for arn in (ROLE_ARN, "arn:aws:sts::111122223333:assumed-role/ChatApp/other-session",
                 "arn:aws:sts::111122223333:assumed-role/OtherApp/session-1",
                 "arn:aws:sts::999988887777:assumed-role/ChatApp/session-1"):
-        prepared = invoke.prepare(invoke.request_from_event(url_event(user_arn=arn)), cfg, KEY)
+        prepared = frontdoor.prepare(frontdoor.request_from_event(url_event(user_arn=arn)), cfg, KEY)
         ids[arn] = (prepared.identity.prefix_aware_id, prepared.normalized.body[:60])
     values = list(ids.values())
     assert values[0] == values[1]  # one role, two sessions: one tenant
@@ -232,8 +235,8 @@ def test_tenants_never_share_routing_ids_sessions_of_one_role_do():
     ],
 )
 def test_bad_bodies_are_400_naming_the_problem(body, code, field):
-    with pytest.raises(invoke.RequestError) as caught:
-        invoke.prepare(invoke.request_from_event(url_event(body)), config(), KEY)
+    with pytest.raises(frontdoor.RequestError) as caught:
+        frontdoor.prepare(frontdoor.request_from_event(url_event(body)), config(), KEY)
     error = caught.value
     assert error.status == 400 and error.code == code
     if field is not None:
@@ -243,42 +246,42 @@ def test_bad_bodies_are_400_naming_the_problem(body, code, field):
 
 def test_body_over_6_mib_is_400_too_large():
     body = json.dumps({"prompt": "x" * (6 * 1024 * 1024)}).encode()
-    with pytest.raises(invoke.RequestError) as caught:
-        invoke.prepare(invoke.request_from_event(url_event(body)), config(), KEY)
+    with pytest.raises(frontdoor.RequestError) as caught:
+        frontdoor.prepare(frontdoor.request_from_event(url_event(body)), config(), KEY)
     assert caught.value.status == 400 and caught.value.code == "too_large"
 
 
 def test_methods_other_than_post_are_405():
-    with pytest.raises(invoke.RequestError) as caught:
-        invoke.prepare(invoke.request_from_event(url_event(method="GET")), config(), KEY)
+    with pytest.raises(frontdoor.RequestError) as caught:
+        frontdoor.prepare(frontdoor.request_from_event(url_event(method="GET")), config(), KEY)
     assert caught.value.status == 405 and caught.value.code == "method_not_allowed"
 
 
 def test_streaming_bodies_ask_for_usage_unless_told_otherwise():
     streaming = dict(CHAT, stream=True)
-    prepared = invoke.prepare(invoke.request_from_event(url_event(json.dumps(streaming))), config(), KEY)
+    prepared = frontdoor.prepare(frontdoor.request_from_event(url_event(json.dumps(streaming))), config(), KEY)
     sent = json.loads(prepared.normalized.body)
     assert sent["stream_options"] == {"include_usage": True} and prepared.expects_usage
     assert {k: v for k, v in sent.items() if k not in ("cache_salt", "stream_options")} == streaming
     explicit = dict(streaming, stream_options={"include_usage": False})
-    prepared = invoke.prepare(invoke.request_from_event(url_event(json.dumps(explicit))), config(), KEY)
+    prepared = frontdoor.prepare(frontdoor.request_from_event(url_event(json.dumps(explicit))), config(), KEY)
     assert json.loads(prepared.normalized.body)["stream_options"] == {"include_usage": False}
     assert not prepared.expects_usage
-    prepared = invoke.prepare(invoke.request_from_event(url_event(json.dumps(streaming))),
+    prepared = frontdoor.prepare(frontdoor.request_from_event(url_event(json.dumps(streaming))),
                               config(stream_usage=False), KEY)
     assert "stream_options" not in json.loads(prepared.normalized.body) and not prepared.expects_usage
-    not_streaming = invoke.prepare(invoke.request_from_event(url_event()), config(), KEY)
+    not_streaming = frontdoor.prepare(frontdoor.request_from_event(url_event()), config(), KEY)
     assert b"stream_options" not in not_streaming.normalized.body
     lmi = {"inputs": "hello", "parameters": {"max_new_tokens": 4}, "stream": True}
-    prepared = invoke.prepare(invoke.request_from_event(url_event(json.dumps(lmi))), config(), KEY)
+    prepared = frontdoor.prepare(frontdoor.request_from_event(url_event(json.dumps(lmi))), config(), KEY)
     assert b"stream_options" not in prepared.normalized.body
 
 
 # --------------------------------------------------------------------------- reading the stream
 
 
-def _read(chunks, **kwargs) -> invoke.StreamReader:
-    reader = invoke.StreamReader(**kwargs)
+def _read(chunks, **kwargs) -> frontdoor.StreamReader:
+    reader = frontdoor.StreamReader(**kwargs)
     for chunk in chunks:
         reader.feed(chunk)
     reader.finish()
@@ -404,7 +407,7 @@ def _client_error(code, status=400, operation="InvokeEndpointWithResponseStream"
     ],
 )
 def test_classify_error(error, status, kind, retryable):
-    upstream = invoke.classify_error(error)
+    upstream = frontdoor.classify_error(error)
     assert (upstream.status, upstream.kind, upstream.retryable) == (status, kind, retryable)
     assert "\n" not in upstream.message
     response = getattr(error, "response", None)
@@ -423,20 +426,20 @@ def test_classify_error(error, status, kind, retryable):
 
 
 def test_classify_error_keeps_an_upstream_error_and_flattens_long_messages():
-    already = invoke.UpstreamError(502, "truncated", "cut")
-    assert invoke.classify_error(already) is already
+    already = frontdoor.UpstreamError(502, "truncated", "cut")
+    assert frontdoor.classify_error(already) is already
     long = _client_error("ValidationError")
     long.response["Error"]["Message"] = "line one\nline two\r" + "x" * 400
-    message = invoke.classify_error(long).message
+    message = frontdoor.classify_error(long).message
     assert "\n" not in message and "\r" not in message and "line one line two" in message
     assert message.endswith("…") and len(message) <= 300 + len("the endpoint rejected the request: ValidationError: ")
 
 
 def test_upstream_error_body_is_the_documented_shape():
-    error = invoke.UpstreamError(429, "throttled", "slow down", retryable=True, upstream_code="ThrottlingException")
+    error = frontdoor.UpstreamError(429, "throttled", "slow down", retryable=True, upstream_code="ThrottlingException")
     assert error.body(3) == {"error": {"code": "throttled", "message": "slow down", "status": 429,
                                        "upstream_code": "ThrottlingException", "attempts": 3}}
-    assert invoke.UpstreamError(504, "timeout", "late").body() == {
+    assert frontdoor.UpstreamError(504, "timeout", "late").body() == {
         "error": {"code": "timeout", "message": "late", "status": 504}}
     assert str(error) == "slow down" and error.retryable is True
 
@@ -444,8 +447,8 @@ def test_upstream_error_body_is_the_documented_shape():
 # --------------------------------------------------------------------------- telemetry
 
 
-def _record(**values) -> invoke.RequestRecord:
-    record = invoke.RequestRecord(arrival_ms=1796032800000, request_id="r1", tenant=ROLE_TENANT,
+def _record(**values) -> frontdoor.RequestRecord:
+    record = frontdoor.RequestRecord(arrival_ms=1796032800000, request_id="r1", tenant=ROLE_TENANT,
                                   routing_id="pa-1", body_kind="chat", fingerprint="0123456789abcdef",
                                   block_hashes=("aa", "bb"), body_bytes=4100, normalize_ms=0.5, sent=True,
                                   attempts=1, ttft_ms=120.5, total_ms=900.25, prompt_tokens=1000, cached_tokens=750,
@@ -456,7 +459,7 @@ def _record(**values) -> invoke.RequestRecord:
 
 
 def test_emf_document_namespace_names_units_one_dimension_high_resolution():
-    document = json.loads(json.dumps(invoke.emf_document(_record(), config())))
+    document = json.loads(json.dumps(frontdoor.emf_document(_record(), config())))
     directive = document["_aws"]["CloudWatchMetrics"]
     assert len(directive) == 1 and directive[0]["Namespace"] == telemetry.NAMESPACE
     assert directive[0]["Dimensions"] == [[telemetry.DIMENSION_COMPONENT]]
@@ -472,12 +475,12 @@ def test_emf_document_namespace_names_units_one_dimension_high_resolution():
 
 
 def test_emf_document_omits_what_is_unknown_and_counts_errors():
-    client = invoke.emf_document(_record(sent=False, ttft_ms=None, total_ms=None, prompt_tokens=None,
+    client = frontdoor.emf_document(_record(sent=False, ttft_ms=None, total_ms=None, prompt_tokens=None,
                                          cached_tokens=None, status=400, origin="client"), config())
     names = {m["Name"] for m in client["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
     assert names == {"Requests", "ClientErrors", "UpstreamErrors", "NormalizationTime"}
     assert (client["Requests"], client["ClientErrors"], client["UpstreamErrors"]) == ([0], [1], [0])
-    upstream = invoke.emf_document(_record(status=502, origin="upstream", total_ms=None, prompt_tokens=None,
+    upstream = frontdoor.emf_document(_record(status=502, origin="upstream", total_ms=None, prompt_tokens=None,
                                            cached_tokens=None), config())
     assert (upstream["Requests"], upstream["ClientErrors"], upstream["UpstreamErrors"]) == ([1], [0], [1])
 
@@ -489,10 +492,10 @@ def test_emf_document_is_what_powertools_metrics_flushes(monkeypatch, capsys):
 
     monkeypatch.delenv("POWERTOOLS_SERVICE_NAME", raising=False)
     record = _record()
-    ours = invoke.emf_document(record, config(), timestamp_ms=1796032800000)
+    ours = frontdoor.emf_document(record, config(), timestamp_ms=1796032800000)
     metrics = Metrics(namespace=telemetry.NAMESPACE)
     metrics.add_dimension(name=telemetry.DIMENSION_COMPONENT, value="test-prefix-llm-ic")
-    for spec, value in invoke._metric_values(record):
+    for spec, value in record_module._metric_values(record):
         metrics.add_metric(name=spec.name, unit=spec.unit, value=value, resolution=MetricResolution.High)
     metrics.set_timestamp(1796032800000)
     metrics.flush_metrics()
@@ -501,7 +504,7 @@ def test_emf_document_is_what_powertools_metrics_flushes(monkeypatch, capsys):
 
 
 def test_log_record_has_every_log_field():
-    line = invoke.log_record(_record(), config())
+    line = frontdoor.log_record(_record(), config())
     fields = {value for name, value in vars(telemetry.LogField).items() if name.isupper()}
     assert fields <= set(line)
     assert line["message"] == telemetry.REQUEST_LOG_MESSAGE
@@ -514,10 +517,10 @@ def test_telemetry_lines_carry_no_prompt_text_and_no_key(lines):
     body = dict(CHAT, messages=[{"role": "system", "content": f"Never say {secret_word}."},
                                 {"role": "user", "content": f"what about {secret_word}?"}])
     runtime = FakeRuntime()
-    invoker = invoke.Invoker(runtime, config(), KEY, emit=lines)
-    assert invoker.buffered(invoke.request_from_event(url_event(json.dumps(body)))).status == 200
+    invoker = frontdoor.Invoker(runtime, config(), KEY, emit=lines)
+    assert invoker.buffered(frontdoor.request_from_event(url_event(json.dumps(body)))).status == 200
     bad = dict(body, messages=[{"role": "user", "content": 5, "note": secret_word}])
-    assert invoker.buffered(invoke.request_from_event(url_event(json.dumps(bad)))).status == 400
+    assert invoker.buffered(frontdoor.request_from_event(url_event(json.dumps(bad)))).status == 400
     output = "\n".join(lines.lines)
     assert secret_word not in output and KEY.decode() not in output
     assert routing_identity(ROLE_TENANT, None, KEY).cache_salt not in output
@@ -529,13 +532,13 @@ def test_telemetry_lines_carry_no_prompt_text_and_no_key(lines):
 
 def test_stream_yields_head_chunks_outcome_and_exact_params(lines):
     runtime = FakeRuntime()
-    invoker = invoke.Invoker(runtime, config(), KEY, emit=lines)
-    items = list(invoker.stream(invoke.request_from_event(url_event())))
+    invoker = frontdoor.Invoker(runtime, config(), KEY, emit=lines)
+    items = list(invoker.stream(frontdoor.request_from_event(url_event())))
     head, *chunks, outcome = items
-    assert isinstance(head, invoke.Head) and head.status == 200
+    assert isinstance(head, frontdoor.Head) and head.status == 200
     assert head.headers["content-type"] == "text/event-stream"
     assert chunks == runtime.chunks
-    assert isinstance(outcome, invoke.Outcome) and outcome.status == 200 and outcome.error is None
+    assert isinstance(outcome, frontdoor.Outcome) and outcome.status == 200 and outcome.error is None
     (params,) = runtime.calls
     identity = routing_identity(ROLE_TENANT, None, KEY)
     # The canonical body written out from docs/normalizer.md: cache_salt, messages (role, content), model.
@@ -552,34 +555,34 @@ def test_stream_yields_head_chunks_outcome_and_exact_params(lines):
 
 def test_no_component_means_no_inference_component_parameter():
     runtime = FakeRuntime()
-    invoker = invoke.Invoker(runtime, config(component_name=None), KEY, emit=lambda line: None)
-    list(invoker.stream(invoke.request_from_event(url_event())))
+    invoker = frontdoor.Invoker(runtime, config(component_name=None), KEY, emit=lambda line: None)
+    list(invoker.stream(frontdoor.request_from_event(url_event())))
     assert "InferenceComponentName" not in runtime.calls[0]
 
 
 def test_truncated_stream_is_never_complete(lines):
     runtime = FakeRuntime(sse_chunks(("a", "b"), done=False))
-    invoker = invoke.Invoker(runtime, config(), KEY, emit=lines)
-    items = list(invoker.stream(invoke.request_from_event(url_event())))
+    invoker = frontdoor.Invoker(runtime, config(), KEY, emit=lines)
+    items = list(invoker.stream(frontdoor.request_from_event(url_event())))
     assert items[0].status == 200  # the head went out with the first token
     assert b'"type":"truncated"' in items[-2] and b"[DONE]" not in b"".join(items[1:-1])
     assert items[-1].status == 502 and items[-1].error["code"] == "truncated"
     assert lines.requests[0]["status"] == 502 and lines.requests[0]["error_kind"] == "truncated"
     assert lines.emf[0]["UpstreamErrors"] == 1
-    answer = invoker.buffered(invoke.request_from_event(url_event()))
+    answer = invoker.buffered(frontdoor.request_from_event(url_event()))
     assert answer.status == 502 and answer.body["error"]["code"] == "truncated"
     assert answer.body["partial"]["choices"][0]["text"] == "a b"
 
 
 def test_empty_stream_is_truncated_before_the_head():
-    invoker = invoke.Invoker(FakeRuntime([]), config(), KEY, emit=lambda line: None)
-    answer = invoker.buffered(invoke.request_from_event(url_event()))
+    invoker = frontdoor.Invoker(FakeRuntime([]), config(), KEY, emit=lambda line: None)
+    answer = invoker.buffered(frontdoor.request_from_event(url_event()))
     assert answer.status == 502 and answer.body["error"]["code"] == "truncated"
 
 
 def test_closing_the_generator_logs_client_closed(lines):
-    invoker = invoke.Invoker(FakeRuntime(), config(), KEY, emit=lines)
-    exchange = invoker.stream(invoke.request_from_event(url_event()))
+    invoker = frontdoor.Invoker(FakeRuntime(), config(), KEY, emit=lines)
+    exchange = invoker.stream(frontdoor.request_from_event(url_event()))
     assert next(exchange).status == 200
     next(exchange)
     exchange.close()
@@ -589,8 +592,8 @@ def test_closing_the_generator_logs_client_closed(lines):
 
 
 def test_abandoning_the_generator_after_the_outcome_keeps_its_status(lines):
-    invoker = invoke.Invoker(FakeRuntime(), config(), KEY, emit=lines)
-    assert invoker.buffered(invoke.request_from_event(url_event())).status == 200
+    invoker = frontdoor.Invoker(FakeRuntime(), config(), KEY, emit=lines)
+    assert invoker.buffered(frontdoor.request_from_event(url_event())).status == 200
     import gc
 
     gc.collect()
@@ -598,14 +601,14 @@ def test_abandoning_the_generator_after_the_outcome_keeps_its_status(lines):
 
 
 def test_backoff_is_bounded_and_jittered():
-    invoker = invoke.Invoker(FakeRuntime(), config(backoff_base_s=0.1, backoff_max_s=1.0), KEY,
+    invoker = frontdoor.Invoker(FakeRuntime(), config(backoff_base_s=0.1, backoff_max_s=1.0), KEY,
                              emit=lambda line: None, jitter=lambda: 0.999)
-    delays = [invoker._backoff(attempt) for attempt in range(1, 8)]
+    delays = [invoker.upstream.backoff(attempt) for attempt in range(1, 8)]
     assert delays == sorted(delays) and max(delays) <= 1.0 and delays[0] >= 0.05
-    low = invoke.Invoker(FakeRuntime(), config(), KEY, emit=lambda line: None, jitter=lambda: 0.0)
-    assert low._backoff(1) == pytest.approx(0.05)
+    low = frontdoor.Invoker(FakeRuntime(), config(), KEY, emit=lambda line: None, jitter=lambda: 0.0)
+    assert low.upstream.backoff(1) == pytest.approx(0.05)
     rng = random.Random(3)
-    values = [invoke._jitter() for _ in range(200)] + [rng.random()]
+    values = [upstream._jitter() for _ in range(200)] + [rng.random()]
     assert all(0 <= v < 1 for v in values)
 
 
@@ -616,21 +619,21 @@ def test_decode_direct_payload_with_and_without_the_adapter_prelude():
     answer = {"statusCode": 200, "body": {"choices": []}}
     raw = json.dumps(answer).encode()
     prelude = json.dumps({"statusCode": 200, "headers": {"content-type": "application/json"}, "cookies": []}).encode()
-    assert invoke.decode_direct_payload(raw) == answer
-    assert invoke.decode_direct_payload(prelude + b"\x00" * 8 + raw) == answer
+    assert frontdoor.decode_direct_payload(raw) == answer
+    assert frontdoor.decode_direct_payload(prelude + b"\x00" * 8 + raw) == answer
 
 
 def test_base64_helper_roundtrip_used_by_events():
-    assert invoke.request_from_event(url_event(base64.b64decode(base64.b64encode(BODY)), base64=True)).body == BODY
+    assert frontdoor.request_from_event(url_event(base64.b64decode(base64.b64encode(BODY)), base64=True)).body == BODY
 
 
 def test_error_fields_from_client_keys_are_redacted_in_the_log(lines):
-    invoker = invoke.Invoker(FakeRuntime(), config(), KEY, emit=lines)
+    invoker = frontdoor.Invoker(FakeRuntime(), config(), KEY, emit=lines)
     body = json.dumps({"prompt": "x", "parameters": {"a": 1}, "weird": {"my secret prompt": float("nan")}})
-    answer = invoker.buffered(invoke.request_from_event(url_event(body)))
+    answer = invoker.buffered(frontdoor.request_from_event(url_event(body)))
     assert answer.status == 400 and "my secret prompt" in answer.body["error"]["field"]  # the caller is told
     assert lines.requests[0]["error_field"] == "(redacted)" and "my secret prompt" not in "".join(lines.lines)
-    invoker.buffered(invoke.request_from_event(url_event(b'{"messages": [{"role": "user"}]}')))
+    invoker.buffered(frontdoor.request_from_event(url_event(b'{"messages": [{"role": "user"}]}')))
     assert lines.requests[1]["error_field"] == "messages[0].content"
 
 
@@ -659,9 +662,9 @@ def test_a_bug_while_preparing_is_500_internal_and_not_an_upstream_error(lines, 
     def broken_prepare(*args, **kwargs):
         raise ZeroDivisionError("a bug of ours")
 
-    monkeypatch.setattr(invoke, "prepare", broken_prepare)
+    monkeypatch.setattr(invoker_module, "prepare", broken_prepare)
     runtime = FakeRuntime()
-    items = list(invoke.Invoker(runtime, config(), KEY, emit=lines).stream(invoke.request_from_event(url_event())))
+    items = list(frontdoor.Invoker(runtime, config(), KEY, emit=lines).stream(frontdoor.request_from_event(url_event())))
     head, body, outcome = items
     assert (head.status, head.headers["content-type"]) == (500, "application/json")
     assert json.loads(body) == {"error": {"code": "internal", "message": "internal error in the front door",
@@ -675,8 +678,8 @@ def test_a_bug_while_preparing_is_500_internal_and_not_an_upstream_error(lines, 
 def test_a_bug_in_the_runtime_call_is_500_internal_and_never_retried(lines):
     runtime = BrokenRuntime()
     sleeps = []
-    invoker = invoke.Invoker(runtime, config(), KEY, emit=lines, sleep=sleeps.append)
-    head, body, outcome = list(invoker.stream(invoke.request_from_event(url_event())))
+    invoker = frontdoor.Invoker(runtime, config(), KEY, emit=lines, sleep=sleeps.append)
+    head, body, outcome = list(invoker.stream(frontdoor.request_from_event(url_event())))
     assert head.status == 500 and json.loads(body)["error"]["code"] == "internal"
     assert outcome.status == 500
     assert len(runtime.calls) == 1 and sleeps == []
@@ -685,7 +688,7 @@ def test_a_bug_in_the_runtime_call_is_500_internal_and_never_retried(lines):
 
 
 def test_a_bug_after_the_first_byte_ends_the_stream_with_an_internal_error(lines, monkeypatch):
-    real_feed = invoke.StreamReader.feed
+    real_feed = frontdoor.StreamReader.feed
     fed = []
 
     def feed_then_fail(reader, data):
@@ -694,10 +697,10 @@ def test_a_bug_after_the_first_byte_ends_the_stream_with_an_internal_error(lines
             raise KeyError("a bug of ours in the reader")
         return real_feed(reader, data)
 
-    monkeypatch.setattr(invoke.StreamReader, "feed", feed_then_fail)
+    monkeypatch.setattr(frontdoor.StreamReader, "feed", feed_then_fail)
     runtime = FakeRuntime()
-    head, first, *rest = list(invoke.Invoker(runtime, config(), KEY, emit=lines).stream(
-        invoke.request_from_event(url_event())))
+    head, first, *rest = list(frontdoor.Invoker(runtime, config(), KEY, emit=lines).stream(
+        frontdoor.request_from_event(url_event())))
     assert head.status == 200 and first == runtime.chunks[0]  # the head and first byte were already sent
     *chunks, error_event, outcome = rest
     assert chunks == []  # the chunk being read when the bug struck is not passed on half-checked
@@ -736,15 +739,15 @@ def _named(name: str, base: type = Exception, **attributes) -> BaseException:
     ],
 )
 def test_classify_error_recognises_every_documented_class(error, status, kind, retryable):
-    upstream = invoke.classify_error(error)
+    upstream = frontdoor.classify_error(error)
     assert (upstream.status, upstream.kind, upstream.retryable) == (status, kind, retryable)
 
 
 def test_classify_error_messages_say_which_timeout_and_which_code():
-    assert invoke.classify_error(ReadTimeoutError(endpoint_url="http://x")).message == \
+    assert frontdoor.classify_error(ReadTimeoutError(endpoint_url="http://x")).message == \
         "the model did not answer in time (read timeout)"
-    assert invoke.classify_error(TimeoutError()).message == "the model did not answer in time"
+    assert frontdoor.classify_error(TimeoutError()).message == "the model did not answer in time"
     unnamed = ClientError({"Error": {"Message": "no code"}, "ResponseMetadata": {"HTTPStatusCode": 400}}, "X")
-    assert invoke.classify_error(unnamed).upstream_code == "Unknown"
+    assert frontdoor.classify_error(unnamed).upstream_code == "Unknown"
     bare = _client_error("ModelError", 424)  # no OriginalStatusCode: no status in the message
-    assert invoke.classify_error(bare).message == "the model failed the request: ModelError happened"
+    assert frontdoor.classify_error(bare).message == "the model failed the request: ModelError happened"

@@ -11,10 +11,19 @@ import unicodedata
 
 import pytest
 
-from prefix_routing import bodies
-from prefix_routing.bodies import BLOCK_BYTES, block_text, chat_body, common_prefix_length, prompt_text, serialize, vary
+from prefix_routing.lab import bodies
+from prefix_routing.lab.bodies import (
+    BLOCK_BYTES,
+    block_text,
+    chat_body,
+    common_prefix_length,
+    prompt_text,
+    serialize,
+    vary,
+)
 
-from prefix_routing.normalize import NormalizerSettings, normalize_body
+from prefix_routing.rules.settings import NormalizerSettings
+from prefix_routing.rules.body import normalize_body
 
 
 def nfc(value):
@@ -71,7 +80,7 @@ def test_prompt_text_deterministic_in_another_process():
     here = prompt_text(ids, 1800)
     code = (
         "import sys, hashlib; sys.path.insert(0, sys.argv[1]);"
-        "from prefix_routing.bodies import prompt_text;"
+        "from prefix_routing.lab.bodies import prompt_text;"
         "print(hashlib.sha256(prompt_text([3, 17, 123456, 7], 1800).encode()).hexdigest())"
     )
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -4,7 +4,7 @@ import copy
 
 import pytest
 
-from prefix_routing.config import DEFAULT_STAGE_DATA, ConfigError, load_stage, parse_stage
+from prefix_routing.stage.config import DEFAULT_STAGE_DATA, ConfigError, load_stage, parse_stage
 
 
 def _with(path: str, value):
@@ -106,7 +106,7 @@ def _field_paths(model, prefix=""):
 def test_readme_configuration_reference_lists_every_field():
     from pathlib import Path
 
-    from prefix_routing.config import StageConfig
+    from prefix_routing.stage.config import StageConfig
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = readme.split("## Configuration reference", 1)[1].split("\n## ", 1)[0]

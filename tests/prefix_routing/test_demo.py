@@ -2,8 +2,8 @@
 
 import pytest
 
-from prefix_routing.demo import _toml, long_context_workload_for_demo, render_table, run_case, _stage
-from prefix_routing.config import parse_stage
+from prefix_routing.cli.demo_run import _toml, long_context_workload_for_demo, render_table, run_case, _stage
+from prefix_routing.stage.config import parse_stage
 import tomllib
 
 

@@ -11,9 +11,9 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from prefix_routing.config import DEFAULT_STAGE_DATA, load_stage, parse_stage
-from prefix_routing.emulator import fleet_config_for_stage, preset_for_stage, start_emulator
-from prefix_routing.errors import UserError
+from prefix_routing.stage.config import DEFAULT_STAGE_DATA, load_stage, parse_stage
+from prefix_routing.emulator.fleet_backend import fleet_config_for_stage, preset_for_stage, start_emulator
+from prefix_routing.rules.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEM = "You are a careful assistant for the billing team. Answer briefly and cite the policy. " * 200  # ~17 KB: past the 8,192-byte key

@@ -14,7 +14,7 @@ from botocore.eventstream import ChecksumMismatch, EventStream, EventStreamBuffe
 from botocore.exceptions import EventStreamError
 from botocore.parsers import EventStreamJSONParser
 
-from prefix_routing import eventstream as es
+from prefix_routing.emulator import eventstream as es
 
 
 def botocore_messages(data: bytes) -> list:

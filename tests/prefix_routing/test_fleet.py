@@ -6,21 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefix_routing.errors import UserError
-from prefix_routing.fleet import (
-    REQUEST_OVERHEAD_S,
-    ROUTING_OVERHEAD_S,
-    Fleet,
-    FleetConfig,
-    LatencyModel,
-    Placement,
-    Request,
-    Strategy,
-    key_blocks,
-    routing_key,
-    stable_hash,
-)
-from prefix_routing.presets import get_preset
+from prefix_routing.rules.errors import UserError
+from prefix_routing.lab.fleet_config import REQUEST_OVERHEAD_S, FleetConfig
+from prefix_routing.lab.routing import ROUTING_OVERHEAD_S, Strategy, key_blocks, routing_key, stable_hash
+from prefix_routing.lab.fleet import Fleet, Placement, Request
+from prefix_routing.lab.latency import LatencyModel
+from prefix_routing.stage.presets import get_preset
 
 P5_70B = "p5.48xlarge-llama3.1-70b"
 P5_8B = "p5.48xlarge-llama3.1-8b"  # 8 copies per instance

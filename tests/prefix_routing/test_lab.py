@@ -5,8 +5,10 @@ from dataclasses import replace
 
 import pytest
 
-from prefix_routing import lab, traces
-from prefix_routing.fleet import FleetConfig, Strategy
+from prefix_routing import lab
+from prefix_routing.lab import traces
+from prefix_routing.lab.fleet_config import FleetConfig
+from prefix_routing.lab.routing import Strategy
 from tests.conftest import MOONCAKE_TRACE
 
 TRACE = MOONCAKE_TRACE
@@ -181,7 +183,7 @@ def test_tune_recommends_a_key_beyond_the_shared_block(trace, tmp_path):
 
 
 def test_tune_rejects_out_of_range_settings(mooncake_slice):
-    from prefix_routing.errors import UserError
+    from prefix_routing.rules.errors import UserError
 
     with pytest.raises(UserError, match="prefix length 512"):
         lab.tune(mooncake_slice.head(10), FleetConfig(), prefix_lengths=[512], thresholds=[1])

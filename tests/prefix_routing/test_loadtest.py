@@ -13,11 +13,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from prefix_routing import bodies
+from prefix_routing.lab import bodies
 from prefix_routing import loadtest as L
-from prefix_routing.__main__ import main
-from prefix_routing.errors import UserError
-from prefix_routing.runtime_server import EchoBackend, Faults, serve_runtime
+from prefix_routing.cli.main import main
+from prefix_routing.rules.errors import UserError
+from prefix_routing.emulator.echo_backend import EchoBackend
+from prefix_routing.emulator.faults import Faults
+from prefix_routing.emulator.server import serve_runtime
 from tests.network_guard import ISOLATED_AWS_ENV
 from tests.prefix_routing.test_bodies import nfc
 
@@ -377,7 +379,7 @@ def test_vary_and_normalize_are_applied_before_sending():
 
     assert all(v != w.body for v, w in zip(sent[:3], work))
     assert all(nfc_loads(v) == json.loads(w.body) for v, w in zip(sent[:3], work))
-    from prefix_routing.normalize import normalize_body
+    from prefix_routing.rules.body import normalize_body
 
     assert sent[3:] == [normalize_body(w.body).body for w in work]
     assert bad.results == [] and bad.skipped[0][0] == "x:1"

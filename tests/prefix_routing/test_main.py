@@ -4,7 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from prefix_routing.__main__ import COMMANDS
+from prefix_routing.cli.main import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,5 +32,5 @@ def test_normalize_imports_only_what_it_needs():
                             cwd=ROOT, input='{"prompt": "hi"}', capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout == '{"prompt":"hi"}'
     imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "|" in line}
-    assert "prefix_routing.normalize" in imported
-    assert not imported & {"prefix_routing.lab", "prefix_routing.fleet", "matplotlib", "boto3", "pydantic"}
+    assert "prefix_routing.rules" in imported
+    assert not imported & {"prefix_routing.lab", "prefix_routing.lab.fleet", "prefix_routing.frontdoor", "matplotlib", "boto3", "pydantic"}

@@ -14,20 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from prefix_routing.normalize import (
-    FREEZE_HEADER,
-    KNOWN_FIELD_ORDER,
-    FreezeRule,
-    NormalizationError,
-    NormalizerSettings,
-    RoutingIdentity,
-    SettingsError,
-    block_hashes,
-    normalize_body,
-    normalize_text,
-    prefix_fingerprint,
-    routing_identity,
-)
+from prefix_routing.rules.constants import FREEZE_HEADER, KNOWN_FIELD_ORDER
+from prefix_routing.rules.settings import FreezeRule, NormalizerSettings
+from prefix_routing.rules.errors import NormalizationError, SettingsError
+from prefix_routing.rules.identity import RoutingIdentity, block_hashes, prefix_fingerprint, routing_identity
+from prefix_routing.rules.body import normalize_body
+from prefix_routing.rules.text import normalize_text
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = b"k" * 32
@@ -777,7 +769,7 @@ def test_settings_load(tmp_path):
 
 DETERMINISM_SCRIPT = r"""
 import json, sys
-from prefix_routing.normalize import FreezeRule, NormalizerSettings, normalize_body, routing_identity
+from prefix_routing.rules import FreezeRule, NormalizerSettings, normalize_body, routing_identity
 settings = NormalizerSettings(prefix_length=1024, block_bytes=64,
                               freeze_rules=(FreezeRule("date", r"\d{4}-\d{2}-\d{2}"), FreezeRule("id", r"req-\w+")))
 identity = routing_identity("tenant", "app", b"0123456789abcdef0123")

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from prefix_routing.normalize import FreezeRule, NormalizerSettings, normalize_body, prefix_fingerprint
+from prefix_routing.rules.settings import FreezeRule, NormalizerSettings
+from prefix_routing.rules.body import normalize_body
+from prefix_routing.rules.identity import prefix_fingerprint
 
 ROOT = Path(__file__).resolve().parents[2]
 BODY = json.dumps({

@@ -5,9 +5,9 @@ import math
 
 import pytest
 
-from prefix_routing.errors import UserError
-from prefix_routing.fleet import LatencyModel
-from prefix_routing.presets import (
+from prefix_routing.rules.errors import UserError
+from prefix_routing.lab.latency import LatencyModel
+from prefix_routing.stage.presets import (
     H100,
     H200,
     INSTANCES,

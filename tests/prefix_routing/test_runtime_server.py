@@ -14,21 +14,13 @@ from botocore.config import Config
 from botocore.exceptions import ClientError, EventStreamError
 from botocore.retries.standard import ExponentialBackoff
 
-from prefix_routing import eventstream
-from prefix_routing.errors import UserError
-from prefix_routing.runtime_server import (
-    ERROR_STATUS,
-    OP_CHAT_COMPLETIONS,
-    OP_INVOKE,
-    OP_INVOKE_STREAM,
-    BackendResponse,
-    EchoBackend,
-    ErrorReply,
-    Faults,
-    RuntimeServer,
-    StreamFailure,
-    serve_runtime,
-)
+from prefix_routing.emulator import eventstream
+from prefix_routing.rules.errors import UserError
+from prefix_routing.emulator.protocol import ERROR_STATUS, OP_CHAT_COMPLETIONS, OP_INVOKE, OP_INVOKE_STREAM
+from prefix_routing.emulator.backend import BackendResponse, ErrorReply, StreamFailure
+from prefix_routing.emulator.echo_backend import EchoBackend
+from prefix_routing.emulator.faults import Faults
+from prefix_routing.emulator.server import RuntimeServer, serve_runtime
 
 CHAT = {"messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "alpha beta gamma"}]}
 BODY = json.dumps(CHAT).encode()
@@ -192,7 +184,7 @@ def test_invoke_endpoint_with_response_stream_with_every_header():
 
 
 def test_the_header_names_are_those_of_the_service_model():
-    from prefix_routing.runtime_server import RequestHeaders
+    from prefix_routing.emulator.protocol import RequestHeaders
 
     model = boto3.client("sagemaker-runtime", region_name="us-east-1").meta.service_model
     for operation, accept in ((OP_INVOKE, "Accept"), (OP_INVOKE_STREAM, "X-Amzn-SageMaker-Accept")):

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from prefix_routing import traces
-from prefix_routing.errors import UserError
-from prefix_routing.telemetry import REQUEST_LOG_MESSAGE, LogField
+from prefix_routing.lab import traces
+from prefix_routing.rules.errors import UserError
+from prefix_routing.rules.telemetry import REQUEST_LOG_MESSAGE, LogField
 from tests.conftest import MOONCAKE_SLICE
 
 
@@ -229,7 +229,7 @@ def test_cloudwatch_logs_through_moto(aws_env):
 
 
 def test_raw_bodies_are_normalized(tmp_path):
-    from prefix_routing import normalize
+    from prefix_routing import rules as normalize
     system = "You are a careful assistant for the lab. " * 60  # ~2.5 KB shared system prompt
     bodies = [
         {"messages": [{"role": "system", "content": system}, {"role": "user", "content": "first question"}], "max_tokens": 64},

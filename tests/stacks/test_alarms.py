@@ -1,5 +1,5 @@
-from prefix_routing import telemetry
-from prefix_routing.config import load_stage
+from prefix_routing.rules import telemetry
+from prefix_routing.stage.config import load_stage
 
 
 def _alarms(template):

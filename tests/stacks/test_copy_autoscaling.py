@@ -1,4 +1,4 @@
-from prefix_routing.config import load_stage
+from prefix_routing.stage.config import load_stage
 from tests.stacks.conftest import stage_with, synth
 
 

@@ -1,6 +1,6 @@
 import json
 
-from prefix_routing import telemetry
+from prefix_routing.rules import telemetry
 
 
 def _body(template):

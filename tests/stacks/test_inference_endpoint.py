@@ -1,6 +1,6 @@
 import pytest
 
-from prefix_routing.config import load_stage
+from prefix_routing.stage.config import load_stage
 from stacks.constructs.inference_endpoint import container_environment
 from tests.stacks.conftest import stage_with, synth
 

@@ -1,6 +1,6 @@
 import json
 
-from prefix_routing.telemetry import REQUEST_LOG_MESSAGE, LogField
+from prefix_routing.rules.telemetry import REQUEST_LOG_MESSAGE, LogField
 
 
 def test_saved_queries_use_the_telemetry_fields(default_templates):

@@ -2,8 +2,8 @@ import os
 import stat
 from pathlib import Path
 
-from prefix_routing.config import load_stage
-from prefix_routing.invoke import InvokeConfig
+from prefix_routing.stage.config import load_stage
+from prefix_routing.frontdoor.config import InvokeConfig
 from stacks.constructs.normalizer_function import LWA_LAYER_NAME, LWA_LAYER_VERSION
 from tests.test_architecture import imports_of, module_name, room_of
 
@@ -66,10 +66,11 @@ def test_asset_carries_the_handler_and_the_stdlib_library(default_stage):
     contents = {p.relative_to(asset_dirs[0]).as_posix() for p in asset_dirs[0].rglob("*.py")}
     assert "handler.py" in contents
     assert "server.py" in contents
-    assert "prefix_routing/telemetry.py" in contents
-    assert "prefix_routing/invoke.py" in contents and "prefix_routing/normalize.py" in contents
-    assert "prefix_routing/config.py" not in contents  # pydantic-based, synth only
-    assert not any(c.startswith(("prefix_routing/runtime_server", "prefix_routing/lab")) for c in contents)
+    assert "prefix_routing/rules/telemetry.py" in contents
+    assert "prefix_routing/frontdoor/invoker.py" in contents and "prefix_routing/rules/body.py" in contents
+    assert not any(c.startswith("prefix_routing/stage/") for c in contents)  # pydantic-based, synth only
+    for room in ("lab", "emulator", "loadtest", "cli"):
+        assert not any(c.startswith(f"prefix_routing/{room}/") for c in contents), room
     # Only the rooms the Lambda runs (tests/test_architecture.py): the rules and the front door.
     library = sorted(c for c in contents if c.startswith("prefix_routing/"))
     rooms = {c: room_of(module_name(Path(c))) for c in library}

@@ -11,7 +11,7 @@ import pytest
 from aws_cdk import Stack
 from aws_cdk.assertions import Match
 
-from prefix_routing.invoke import InvokeConfig
+from prefix_routing.frontdoor.config import InvokeConfig
 from tests.stacks.conftest import findings, nag_report, stage_with, synth
 
 # Default stage, for contrast: prefix_length 4096, concurrency_threshold 10, target 4.0, block_bytes

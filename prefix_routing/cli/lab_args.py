@@ -1,0 +1,251 @@
+"""The lab commands' shared arguments: trace and fleet flags, their checks, and how results are printed."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from prefix_routing.rules.errors import UserError
+from prefix_routing.lab.routing import CONCURRENCY_THRESHOLD_RANGE, PREFIX_LENGTH_RANGE, Strategy
+from prefix_routing.lab.fleet_config import FleetConfig
+from prefix_routing.lab.traces import Trace
+
+from prefix_routing.lab.common import CANDIDATE_PREFIX_LENGTHS, CANDIDATE_THRESHOLDS
+from prefix_routing.lab.workloads import LongContextSpec, WORKLOADS
+
+
+# Shared by commands/analyze.py, simulate.py and tune.py (argparse only; no behaviour of its own).
+
+
+def _ranged_int(name: str, low: int, high: int):
+    import argparse
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer (allowed: {low} to {high})") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value}: must be from {low} to {high}")
+        return value
+
+    return parse
+
+
+def _positive_float(name: str):
+    import argparse
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"{text}: must be a number > 0")
+        return value
+
+    return parse
+
+
+def parse_cache_tokens(text: str) -> float:
+    """``infinite`` (or ``inf``), or a token count such as ``500000``, ``500k``, ``1.4M``."""
+    import argparse
+
+    t = text.strip().lower()
+    if t in ("infinite", "inf", "unbounded"):
+        return math.inf
+    scale = 1
+    if t[-1:] in ("k", "m"):
+        scale = 1_000 if t[-1] == "k" else 1_000_000
+        t = t[:-1]
+    try:
+        value = float(t) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: takes a token count (e.g. 500k) or 'infinite'") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be >= 0")
+    return value
+
+
+def _strategy(text: str) -> Strategy:
+    import argparse
+
+    try:
+        return Strategy.parse(text)
+    except UserError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def add_trace_arguments(parser) -> None:
+    parser.add_argument(
+        "trace", nargs="?", metavar="TRACE",
+        help="a trace file (Mooncake JSONL, the normalizer's request log, or raw request bodies; .gz ok), "
+        "or cloudwatch:LOG_GROUP to read the normalizer's log from CloudWatch Logs",
+    )
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), help="generate a workload instead of reading TRACE")
+    parser.add_argument("--format", default="auto", choices=("auto", "mooncake", "log", "bodies"), help="trace format (default: from the first line)")
+    parser.add_argument("--strict", action="store_true", help="fail on the first broken line instead of skipping it")
+    parser.add_argument("--limit", type=_ranged_int("--limit", 1, 10**9), help="use only the first N requests")
+    parser.add_argument("--start", help="cloudwatch: start time (ISO 8601 or epoch ms; default: 1 hour before --end)")
+    parser.add_argument("--end", help="cloudwatch: end time (ISO 8601 or epoch ms; default: now)")
+    parser.add_argument("--region", help="cloudwatch: AWS region")
+    parser.add_argument("--body-rate", type=_positive_float("--body-rate"), default=1.0, help="raw bodies: arrivals per second (bodies carry no times; default 1)")
+    parser.add_argument("--body-block-bytes", type=_ranged_int("--body-block-bytes", 16, 65536), help="raw bodies: bytes per hashed block (default: the normalizer's)")
+    parser.add_argument("--bytes-per-token", type=_positive_float("--bytes-per-token"), default=4.0, metavar="R", help="bytes of body per prompt token (default 4)")
+    parser.add_argument("--key-offset-bytes", type=_ranged_int("--key-offset-bytes", 0, 65536), default=0, metavar="B", help="JSON bytes before the prompt in the normalized body (default 0)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (routing, generated workloads; default 0)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+
+def add_fleet_arguments(parser, *, grid: bool) -> None:
+    """The fleet flags; with ``grid`` (tune) --prefix-length and --concurrency-threshold repeat."""
+    parser.add_argument("--instances", type=_ranged_int("--instances", 1, 10_000), metavar="N", help="instances (default 8; 7 for --workload long-context)")
+    parser.add_argument("--copies", type=_ranged_int("--copies", 1, 1024), metavar="C", help="copies per instance (default: the preset's)")
+    parser.add_argument("--strategy", type=_strategy, action="append", metavar="S", help="RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE or KV_AWARE; repeatable")
+    pl = _ranged_int("--prefix-length", *PREFIX_LENGTH_RANGE)
+    ct = _ranged_int("--concurrency-threshold", *CONCURRENCY_THRESHOLD_RANGE)
+    if grid:
+        parser.add_argument("--prefix-length", type=pl, action="append", metavar="B", help=f"PrefixLength to try (bytes); repeatable (default {', '.join(map(str, CANDIDATE_PREFIX_LENGTHS))})")
+        parser.add_argument("--concurrency-threshold", type=ct, action="append", metavar="T", help=f"ConcurrencyThreshold to try; repeatable (default {', '.join(map(str, CANDIDATE_THRESHOLDS))})")
+    else:
+        parser.add_argument("--prefix-length", type=pl, metavar="B", help="PrefixLength in bytes, 1024–65536 (default 4096)")
+        parser.add_argument("--concurrency-threshold", type=ct, metavar="T", help="ConcurrencyThreshold, 1–1024 (default 10)")
+    parser.add_argument("--cache-tokens", type=parse_cache_tokens, metavar="K", help="KV-cache tokens per copy, or 'infinite' (default: from the preset)")
+    parser.add_argument("--preset", metavar="NAME", help="instance × model preset (default p5.48xlarge-llama3.1-70b); 'list' lists them")
+    parser.add_argument("--speed", type=_positive_float("--speed"), default=1.0, metavar="F", help="replay F times faster than the trace (default 1)")
+    parser.add_argument("--out-dir", default=None, metavar="DIR", help="where to write the PNG plots (default out/<command>)")
+    parser.add_argument("--no-plots", action="store_true", help="write no PNG")
+    parser.add_argument("--progress", action=__import__("argparse").BooleanOptionalAction, default=None, help="progress bar on stderr (default: when stderr is a terminal)")
+
+
+def _time_ms(text: str | None, default_ms: int) -> int:
+    from datetime import datetime, timezone
+
+    if text is None:
+        return default_ms
+    if text.isdigit():
+        return int(text)
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise UserError(f"time {text!r}: use ISO 8601 (2026-11-30T10:00:00Z) or epoch milliseconds") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return int(moment.timestamp() * 1000)
+
+
+def load_from_args(args) -> tuple[Trace, "LongContextSpec | None"]:
+    """The trace the command works on: read (any format, or CloudWatch) or generated."""
+    import time
+
+    from prefix_routing.lab import traces
+
+    spec = None
+    if args.workload:
+        if args.trace:
+            raise UserError("give either TRACE or --workload, not both")
+        spec_cls, generate = WORKLOADS[args.workload]
+        spec = spec_cls()
+        trace = generate(spec, seed=args.seed)
+    elif not args.trace:
+        raise UserError("no trace: give a TRACE file (or cloudwatch:LOG_GROUP), or --workload long-context")
+    elif args.trace.startswith("cloudwatch:"):
+        group = args.trace.split(":", 1)[1]
+        if not group:
+            raise UserError("cloudwatch: needs a log group name, e.g. cloudwatch:/aws/lambda/normalizer")
+        end = _time_ms(args.end, int(time.time() * 1000))
+        start = _time_ms(args.start, end - 3600_000)
+        if start >= end:
+            raise UserError(f"--start must be before --end ({start} >= {end})")
+        trace = traces.read_cloudwatch(group, start, end, region=args.region, strict=args.strict, bytes_per_token=args.bytes_per_token)
+    else:
+        body_options = {"rate": args.body_rate, "block_bytes": args.body_block_bytes}
+        if getattr(args, "prefix_length", None) and isinstance(args.prefix_length, int):
+            body_options["prefix_length"] = args.prefix_length
+        trace = traces.load_trace(args.trace, args.format, strict=args.strict, bytes_per_token=args.bytes_per_token, **body_options)
+    if args.limit:
+        trace = trace.head(args.limit)
+    report_skipped(trace)
+    return trace, spec
+
+
+def report_skipped(trace: Trace) -> None:
+    """Broken lines (with their line numbers) and the summary, on stderr."""
+    skipped = trace.skipped
+    for example in skipped.examples:
+        print(f"warning: {example}", file=sys.stderr)
+    if skipped.count > len(skipped.examples):
+        print(f"warning: ... and {skipped.count - len(skipped.examples):,} more", file=sys.stderr)
+    summary = skipped.summary(trace.lines)
+    if summary:
+        print(f"{trace.source}: {summary}", file=sys.stderr)
+    for note in trace.notes:
+        print(f"{trace.source}: {note}", file=sys.stderr)
+
+
+def fleet_config_from_args(args, trace: Trace | None, spec: "LongContextSpec | None", **fixed) -> FleetConfig:
+    """A FleetConfig from the flags; unset flags fall back to the workload's or the lab's defaults.
+
+    Called once before the trace is read (``trace=None``), so that bad flags fail fast.
+    """
+    if spec is None and trace is None and getattr(args, "workload", None):
+        spec = WORKLOADS[args.workload][0]()
+    base = spec.fleet_config() if spec else FleetConfig()
+    values = {
+        "instances": args.instances or base.instances,
+        "copies": args.copies,
+        "preset": args.preset or (base.preset.name),
+        "prefix_length": base.prefix_length,
+        "concurrency_threshold": base.concurrency_threshold,
+        "cache_tokens": args.cache_tokens if args.cache_tokens is not None else base.cache_tokens,
+        "bytes_per_token": args.bytes_per_token,
+        "key_offset_bytes": args.key_offset_bytes,
+        "block_tokens": trace.block_tokens if trace else base.block_tokens,
+        "block_bytes": trace.block_bytes if trace else base.block_bytes,
+        "seed": args.seed,
+    }
+    values.update(fixed)
+    return FleetConfig(**values)
+
+
+def presets_table() -> str:
+    """The presets, one line each (``--preset list``)."""
+    from prefix_routing.stage.presets import DEFAULT_PRESET, PRESETS
+
+    lines = [f"{'preset':<30}{'TP×copies':>10}{'KV tokens':>12}{'prefill tok/s':>15}{'decode ms':>11}  conf."]
+    for name, p in PRESETS.items():
+        mark = " (default)" if name == DEFAULT_PRESET else ""
+        lines.append(
+            f"{name:<30}{f'{p.tp}×{p.replicas}':>10}{p.kv_tokens:>12,}{p.prefill_tokens_per_s:>15,.0f}"
+            f"{p.decode_step_s * 1000:>11.0f}  {p.confidence}{mark}"
+        )
+    return "\n".join(lines)
+
+
+def plot_dir(args, command: str) -> Path | None:
+    if args.no_plots:
+        return None
+    return Path(args.out_dir or Path("out") / command)
+
+
+def describe_fleet(config: FleetConfig) -> str:
+    p = config.preset
+    cache = "unbounded" if math.isinf(config.capacity_tokens) else f"{config.capacity_tokens / 1e6:.2f}M tokens (LRU)"
+    return (
+        f"{config.instances} × {p.instance.name}, {p.model.name} TP{p.tp}, {config.copies} "
+        f"cop{'y' if config.copies == 1 else 'ies'} each; KV cache {cache} per copy"
+    )
+
+
+def print_json(obj) -> None:
+    import json
+
+    print(json.dumps(obj, indent=2, default=_json_default, allow_nan=False))
+
+
+def _json_default(value):
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, Strategy):
+        return value.value
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")

@@ -1,0 +1,108 @@
+"""``python -m prefix_routing simulate TRACE``: one endpoint under each routing strategy, side by side."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+from prefix_routing import lab
+from prefix_routing.cli import lab_args
+from prefix_routing.lab.routing import Strategy
+
+HELP = "simulate an endpoint over a trace: hit rate, TTFT, load per instance for each routing strategy"
+
+DEFAULT_STRATEGIES = (
+    Strategy.RANDOM,
+    Strategy.LEAST_OUTSTANDING_REQUESTS,
+    Strategy.PREFIX_AWARE,
+    Strategy.KV_AWARE,
+)
+
+
+def add_arguments(parser) -> None:
+    lab_args.add_trace_arguments(parser)
+    lab_args.add_fleet_arguments(parser, grid=False)
+
+
+def run(args) -> int:
+    if args.preset == "list":
+        print(lab_args.presets_table())
+        return 0
+    fixed = {}
+    if args.prefix_length is not None:
+        fixed["prefix_length"] = args.prefix_length
+    if args.concurrency_threshold is not None:
+        fixed["concurrency_threshold"] = args.concurrency_threshold
+    lab_args.fleet_config_from_args(args, None, None, **fixed)  # bad flags fail before a long read
+    trace, spec = lab_args.load_from_args(args)
+    config = lab_args.fleet_config_from_args(args, trace, spec, **fixed)
+    strategies = list(dict.fromkeys(args.strategy or DEFAULT_STRATEGIES))
+    results = lab.simulate_many(trace, config, strategies, speed=args.speed, progress=args.progress)
+    out = lab_args.plot_dir(args, "simulate")
+    plots = [str(p) for p in lab.plot_simulation(results, out)] if out else []
+    if args.json:
+        lab_args.print_json(
+            {
+                "trace": {"source": trace.source, "requests": len(trace), "duration_s": trace.duration_s, "skipped": trace.skipped.as_dict()},
+                "fleet": fleet_dict(config, args.speed),
+                "results": [r.as_dict() for r in results],
+                "plots": plots,
+            }
+        )
+        return 0
+    print(f"trace: {trace.source}: {len(trace):,} requests over {trace.duration_s:,.0f} s, replayed at {args.speed:g}×")
+    print(f"fleet: {lab_args.describe_fleet(config)}")
+    print(f"PREFIX_AWARE: PrefixLength {config.prefix_length} bytes = {config.key_blocks} blocks, ConcurrencyThreshold {config.concurrency_threshold}".replace(" 1 blocks,", " 1 block,"))
+    print()
+    print(table(results))
+    for r in results:
+        if r.timeouts:
+            print(f"warning: {r.strategy}: {r.timeouts:,} requests got no first token within "
+                  f"{config.timeout_s:g} s (counted at {config.timeout_s:g} s in the TTFT percentiles)")
+    if plots:
+        print("\nplots: " + ", ".join(plots), file=sys.stderr)
+    return 0
+
+
+def fleet_dict(config, speed: float) -> dict:
+    cap = config.capacity_tokens
+    return {
+        "instances": config.instances,
+        "copies": config.copies,
+        "preset": config.preset.name,
+        "prefix_length": config.prefix_length,
+        "key_blocks": config.key_blocks,
+        "concurrency_threshold": config.concurrency_threshold,
+        "cache_tokens": "infinite" if math.isinf(cap) else cap,
+        "bytes_per_token": config.bytes_per_token,
+        "key_offset_bytes": config.key_offset_bytes,
+        "block_tokens": config.block_tokens,
+        "speed": speed,
+        "seed": config.seed,
+    }
+
+
+def table(results) -> str:
+    rows = [
+        ("hit rate (tokens)", lambda r: f"{r.hit_rate:.1%}"),
+        ("TTFT P50 (ms)", lambda r: f"{r.ttft_p50_s * 1000:,.0f}"),
+        ("TTFT P90 (ms)", lambda r: f"{r.ttft_p90_s * 1000:,.0f}"),
+        ("TTFT P99 (ms)", lambda r: f"{r.ttft_p99_s * 1000:,.0f}"),
+        ("output tokens/s", lambda r: f"{r.throughput_tok_s:,.0f}"),
+        ("max/mean requests", lambda r: f"{r.max_mean_requests:.2f}"),
+        ("max/mean tokens", lambda r: f"{r.max_mean_tokens:.2f}"),
+        ("spills", lambda r: f"{r.spills:,}"),
+        ("timeouts", lambda r: f"{r.timeouts:,}"),
+    ]
+    names = [r.strategy if len(r.strategy) <= 14 else {"LEAST_OUTSTANDING_REQUESTS": "LEAST_OUTSTAND."}.get(r.strategy, r.strategy[:14]) for r in results]
+    width = max(14, *(len(n) for n in names)) + 2
+    lines = [f"{'':<20}" + "".join(f"{n:>{width}}" for n in names)]
+    for label, cell in rows:
+        lines.append(f"{label:<20}" + "".join(f"{cell(r):>{width}}" for r in results))
+    n_inst = len(results[0].instance_requests) if results else 0
+    if n_inst <= 16:
+        lines.append("request share per instance:")
+        for r, name in zip(results, names):
+            total = sum(r.instance_requests) or 1
+            lines.append(f"  {name:<16}" + " ".join(f"{q / total:5.1%}" for q in r.instance_requests))
+    return "\n".join(lines)

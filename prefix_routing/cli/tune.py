@@ -1,0 +1,84 @@
+"""``python -m prefix_routing tune TRACE``: sweep PrefixLength × ConcurrencyThreshold and recommend."""
+
+from __future__ import annotations
+
+import sys
+
+from prefix_routing import lab
+from prefix_routing.cli import lab_args
+from prefix_routing.lab.routing import Strategy
+
+HELP = "tune PrefixLength and ConcurrencyThreshold on a trace: frontier, recommendation, config snippet"
+
+
+def add_arguments(parser) -> None:
+    lab_args.add_trace_arguments(parser)
+    lab_args.add_fleet_arguments(parser, grid=True)
+    parser.add_argument(
+        "--max-imbalance", type=lab_args._positive_float("--max-imbalance"), default=1.2, metavar="X",
+        help="largest acceptable max/mean requests per instance (default 1.2)",
+    )
+
+
+def run(args) -> int:
+    if args.preset == "list":
+        print(lab_args.presets_table())
+        return 0
+    lab_args.fleet_config_from_args(args, None, None)  # bad flags fail before a long read
+    trace, spec = lab_args.load_from_args(args)
+    config = lab_args.fleet_config_from_args(args, trace, spec)
+    strategies = list(dict.fromkeys(args.strategy or (Strategy.RANDOM, Strategy.LEAST_OUTSTANDING_REQUESTS, Strategy.PREFIX_AWARE)))
+    baselines = [s for s in strategies if s is not Strategy.PREFIX_AWARE]
+    result = lab.tune(
+        trace,
+        config,
+        prefix_lengths=args.prefix_length or lab.CANDIDATE_PREFIX_LENGTHS,
+        thresholds=args.concurrency_threshold or lab.CANDIDATE_THRESHOLDS,
+        baselines=baselines,
+        max_imbalance=args.max_imbalance,
+        speed=args.speed,
+        progress=args.progress,
+    )
+    out = lab_args.plot_dir(args, "tune")
+    result["plots"] = [str(p) for p in lab.plot_tune(result, out)] if out else []
+    if args.json:
+        lab_args.print_json(result)
+        return 0
+    print(render(result, config))
+    if result["plots"]:
+        print("\nplots: " + ", ".join(result["plots"]), file=sys.stderr)
+    return 0
+
+
+def render(result: dict, config) -> str:
+    lines = [
+        f"trace: {result['source']}: {result['requests']:,} requests",
+        f"fleet: {lab_args.describe_fleet(config)}",
+        "",
+        f"{'strategy':<28}{'PrefixLength':>13}{'threshold':>10}{'hit rate':>10}{'P50 ms':>9}{'P90 ms':>9}{'max/mean':>9}{'spills':>8}",
+    ]
+
+    def row(p):
+        pl = f"{p['prefix_length']:,}" if p["prefix_length"] else "-"
+        th = str(p["concurrency_threshold"]) if p["concurrency_threshold"] else "-"
+        return (
+            f"{p['strategy']:<28}{pl:>13}{th:>10}{p['hit_rate']:>10.1%}{p['ttft_p50_s'] * 1000:>9,.0f}"
+            f"{p['ttft_p90_s'] * 1000:>9,.0f}{p['max_mean_requests']:>9.2f}{p['spills']:>8,}"
+        )
+
+    for p in result["baselines"]:
+        lines.append(row(p))
+    lines.append("frontier (hit rate and P50 TTFT against imbalance; PREFIX_AWARE):")
+    for p in result["frontier"]:
+        lines.append(row(p))
+    rec = result["recommendation"]
+    lines += [
+        "",
+        f"recommended: PrefixLength {rec['prefix_length']} (≈ {rec['key_blocks']} blocks), ConcurrencyThreshold "
+        f"{rec['concurrency_threshold']}: hit rate {rec['hit_rate']:.1%} (best found {result['best_hit_rate']:.1%}), "
+        f"P50 TTFT {rec['ttft_p50_s'] * 1000:,.0f} ms, max/mean {rec['max_mean_requests']:.2f} (bound {result['max_imbalance']})",
+    ]
+    if result["note"]:
+        lines.append(f"note: {result['note']}")
+    lines += ["", "for the stage file (config/<stage>.toml):", result["snippet"].rstrip()]
+    return "\n".join(lines)

@@ -1,0 +1,287 @@
+"""The lab's fleet model behind the SageMaker runtime's wire protocol, in real time.
+
+``runtime_server`` speaks the protocol (InvokeEndpoint, InvokeEndpointWithResponseStream, the
+OpenAI-compatible path, fault injection); :class:`FleetBackend` plugs ``fleet.Fleet`` in as the model.
+The fleet decides, when a request arrives, which copy serves it, how much of its prompt that copy
+has cached, and when each token comes out (``fleet.Placement``); the backend then streams the
+answer on that schedule, ``speed`` times faster than the modelled GPUs. One model, two clocks: the
+lab runs it in simulated time.
+
+Routing sees what SageMaker sees: the first ``PrefixLength`` bytes of the body as it arrives, plus
+the ``X-Amzn-SageMaker-Prefix-Aware-Id`` header. The KV cache sees what the engine sees: the prompt
+text (messages laid out in order, salted with the body's ``cache_salt``), in chained hashes of
+64-byte blocks (16 tokens at 4 bytes per token, vLLM's block size). So JSON key order or
+indentation scatter routing but do not change cached tokens, while CRLF, NFD or trailing spaces in
+the text change both, as on a real endpoint.
+
+Settings come from the same stage configuration the stacks deploy: strategy, PrefixLength,
+ConcurrencyThreshold, instance type and the maximum instance count, copies per instance, and the
+model (mapped to a lab preset).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from prefix_routing.stage.config import StageConfig
+from prefix_routing.rules.errors import UserError
+from prefix_routing.lab.fleet import Fleet, Request
+from prefix_routing.lab.fleet_config import FleetConfig
+from prefix_routing.rules.identity import block_hashes
+from prefix_routing.stage.presets import INSTANCES, PRESETS, Preset
+from prefix_routing.emulator.backend import BackendResponse, ErrorReply
+from prefix_routing.emulator.protocol import RuntimeRequest
+from prefix_routing.emulator.chat import chat_response, parse_chat_request
+
+BYTES_PER_TOKEN = 4.0
+BLOCK_BYTES = 64  # 16 tokens: vLLM's KV block (and the size of a SHA-512 digest, the salt block)
+
+
+def preset_for_stage(config: StageConfig) -> Preset:
+    """The lab preset of the stage's instance type, model size and tensor-parallel degree.
+
+    A copy's speed and cache depend on its GPUs, not on how many share the host: with no preset for
+    the exact instance type, one with the same GPU, model and TP is re-homed to the stage's type.
+    """
+    size = re.search(r"(\d+)\s*[bB]\b", config.model.model_id or config.model.model_s3_uri or "")
+    instance = INSTANCES.get(config.endpoint.instance_type)
+    candidates = [
+        preset
+        for preset in PRESETS.values()
+        if preset.tp == config.model.tensor_parallel_degree
+        and size is not None
+        and preset.model.name.lower().endswith(f" {size.group(1)}b")
+        and instance is not None
+        and preset.instance.gpu == instance.gpu
+    ]
+    for preset in candidates:
+        if preset.instance == instance:
+            return preset
+    if candidates:
+        preset = candidates[0]
+        return replace(
+            preset,
+            name=f"{instance.name.removeprefix('ml.')}-{preset.name.split('-', 1)[1]} (from {preset.name})",
+            instance=instance,
+            replicas=instance.gpus // preset.tp,
+        )
+    raise UserError(
+        f"stage {config.name!r}: no lab preset for {config.endpoint.instance_type} with "
+        f"{config.model.model_id or config.model.model_s3_uri} at TP {config.model.tensor_parallel_degree}; "
+        f"pass --preset (one of {', '.join(PRESETS)})"
+    )
+
+
+def fleet_config_for_stage(
+    config: StageConfig, *, preset: str | None = None, cache_tokens: float | None = None, seed: int = 0
+) -> FleetConfig:
+    """The endpoint at its maximum size, routed as the stage routes it."""
+    chosen = preset or preset_for_stage(config)
+    routing = config.routing
+    return FleetConfig(
+        instances=config.endpoint.instances_max,
+        copies=config.copies_per_instance if preset is None else None,
+        strategy=routing.strategy,
+        # RANDOM and LEAST_OUTSTANDING_REQUESTS ignore these; the fleet still wants valid values.
+        prefix_length=routing.prefix_length or 4096,
+        concurrency_threshold=routing.concurrency_threshold or 1024,
+        cache_tokens=cache_tokens,
+        bytes_per_token=BYTES_PER_TOKEN,
+        block_tokens=BLOCK_BYTES / BYTES_PER_TOKEN,
+        block_bytes=BLOCK_BYTES,
+        preset=chosen,
+        seed=seed,
+    )
+
+
+@dataclass
+class _Served:
+    """What the emulator itself measured for one request (its own view of TTFT)."""
+
+    request_id: str
+    instance: int
+    copy: int
+    prompt_tokens: int
+    cached_tokens: int
+    ttft_s: float  # wall seconds, as the emulator schedules them
+    spilled: bool
+
+
+class FleetBackend:
+    """A ``runtime_server.Backend`` whose model is a ``fleet.Fleet`` running ``speed`` × real time."""
+
+    def __init__(
+        self,
+        fleet_config: FleetConfig,
+        *,
+        component_name: str | None = None,
+        speed: float = 1.0,
+        stream_format: str = "sse",
+        clock=time.monotonic,
+    ):
+        if not speed > 0:
+            raise UserError(f"speed={speed}: must be > 0")
+        self.fleet = Fleet(fleet_config)
+        self.config = fleet_config
+        self.component_name = component_name
+        self.speed = speed
+        self.stream_format = stream_format
+        self._clock = clock
+        self._t0 = clock()
+        self._lock = threading.Lock()  # the fleet is not thread-safe; the server is threaded
+        self.served: dict[str, _Served] = {}
+
+    def _now(self) -> float:
+        """Model time: wall seconds since start × speed."""
+        return (self._clock() - self._t0) * self.speed
+
+    def _wall(self, model_time: float) -> float:
+        return self._t0 + model_time / self.speed
+
+    def _sleep_until(self, model_time: float) -> None:
+        delay = self._wall(model_time) - self._clock()
+        if delay > 0:
+            time.sleep(delay)
+
+    def set_slow_instance(self, instance: int, factor: float) -> None:
+        """Fault injection: every copy of ``instance`` runs ``factor`` times slower."""
+        with self._lock:
+            self.fleet.set_slowdown(instance, factor)
+
+    def handle(self, request: RuntimeRequest) -> BackendResponse | ErrorReply:
+        component = request.headers.inference_component
+        if self.component_name and component and component != self.component_name:
+            return ErrorReply("ValidationError", f"Inference Component {component} does not exist.")
+        chat = parse_chat_request(request, default_max_tokens=16)
+        if isinstance(chat, ErrorReply):
+            return chat
+        prompt = chat.prompt_text.encode("utf-8")
+        prompt_tokens = max(1, math.ceil(len(prompt) / BYTES_PER_TOKEN))
+        key = hashlib.sha256(request.body[: self.config.prefix_length]).digest()
+        salt = hashlib.sha512(chat.cache_salt.encode("utf-8")).digest()  # 64 bytes: exactly one block
+        fleet_request = Request(
+            prompt_tokens=prompt_tokens,
+            output_tokens=chat.n_out,
+            blocks=block_hashes(salt + prompt, BLOCK_BYTES)[1:],  # the salt block only seeds the chain
+            routing_id=request.headers.prefix_aware_id or None,
+            key=key,
+        )
+        with self._lock:
+            now = self._now()
+            self.fleet.advance(now)
+            placement = self.fleet.submit(fleet_request, now)
+            cached = int(min(placement.cached_tokens, prompt_tokens))
+            self.served[request.request_id] = _Served(
+                request.request_id,
+                placement.instance,
+                placement.copy,
+                prompt_tokens,
+                cached,
+                placement.ttft_s / self.speed,
+                placement.spilled,
+            )
+        if placement.timed_out:
+            self._release(placement)
+            return ErrorReply(
+                "ModelError",
+                "Received server error (0) from primary: the model did not answer within 60 s.",
+                original_status_code=0,
+            )
+
+        def wait(i: int) -> None:
+            self._sleep_until(placement.first_token_s + i * placement.per_token_s)
+
+        finished = {"done": False}
+
+        def on_close() -> None:
+            # A client that went away early frees its slot at once; one that read to the end
+            # leaves at finish_s, which advance() retires.
+            if self._clock() < self._wall(placement.finish_s) - 1e-3 and not finished["done"]:
+                self._release(placement)
+            finished["done"] = True
+
+        return chat_response(
+            request,
+            chat,
+            prompt_tokens=prompt_tokens,
+            cached_tokens=cached,
+            wait=wait,
+            whole_delay=max(0.0, self._wall(placement.finish_s) - self._clock()),
+            stream_format=self.stream_format,
+            model=self.config.preset.model.name,
+            variant="AllTraffic",
+            on_close=on_close,
+            # Tokens at least ~5 ms of wall time apart per chunk: a fast emulation would otherwise
+            # spend its CPU on HTTP chunks, not on the model. Token times are unchanged.
+            tokens_per_chunk=max(1, math.ceil(0.005 / max(placement.per_token_s / self.speed, 1e-9))),
+        )
+
+    def _release(self, placement) -> None:
+        with self._lock:
+            self.fleet.release(placement)
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            self.fleet.advance(self._now())
+            instances = self.fleet.instance_totals()
+        served = list(self.served.values())
+        prompt = sum(s.prompt_tokens for s in served)
+        ttfts = sorted(s.ttft_s * self.speed for s in served)  # model seconds
+        return {
+            "ttft_p50_s": _quantile(ttfts, 0.5),
+            "ttft_p90_s": _quantile(ttfts, 0.9),
+            "strategy": self.config.strategy.value,
+            "prefix_length": self.config.prefix_length,
+            "concurrency_threshold": self.config.concurrency_threshold,
+            "preset": self.config.preset.name,
+            "speed": self.speed,
+            "requests": len(served),
+            "hit_rate": (sum(s.cached_tokens for s in served) / prompt) if prompt else None,
+            "spills": sum(s.spilled for s in served),
+            "instances": instances,
+        }
+
+
+def _quantile(sorted_values: list[float], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def start_emulator(
+    config: StageConfig,
+    *,
+    port: int = 0,
+    speed: float = 1.0,
+    faults=None,
+    preset: str | None = None,
+    cache_tokens: float | None = None,
+    slow_instance: tuple[int, float] | None = None,
+    seed: int = 0,
+    record_bodies: bool = True,
+):
+    """A started ``RuntimeServer`` on 127.0.0.1 serving the stage's endpoint name with a fleet
+    backend. Stop it with ``server.stop()``."""
+    from prefix_routing.emulator.server import RuntimeServer
+
+    backend = FleetBackend(
+        fleet_config_for_stage(config, preset=preset, cache_tokens=cache_tokens, seed=seed),
+        component_name=config.component_name,
+        speed=speed,
+    )
+    if slow_instance is not None:
+        instance, factor = slow_instance
+        if not 0 <= instance < backend.config.instances:
+            raise UserError(f"slow instance {instance}: the fleet has instances 0..{backend.config.instances - 1}")
+        backend.set_slow_instance(instance, factor)
+    server = RuntimeServer(
+        backend, port=port, faults=faults, endpoints=[config.endpoint_name], record_bodies=record_bodies
+    )
+    server.start()
+    return server

@@ -1,0 +1,160 @@
+"""The HTTP handler: one request in, checked, routed to the SageMaker or the OpenAI-style wire, with faults applied."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import uuid
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from prefix_routing.emulator.backend import BackendResponse, ErrorReply
+from prefix_routing.emulator.faults import _Plan
+from prefix_routing.emulator.protocol import (
+    MAX_BODY_BYTES,
+    OP_CHAT_COMPLETIONS,
+    OP_INVOKE,
+    OP_INVOKE_STREAM,
+    RequestHeaders,
+    RuntimeRequest,
+    _COMPONENT_RE,
+    _NAME_RE,
+    _PRINTABLE_ID_RE,
+    _SESSION_RE,
+    _route,
+)
+from prefix_routing.emulator.recording import RecordedRequest
+from prefix_routing.emulator.http_io import HttpIO, _Disconnected
+from prefix_routing.emulator.openai_wire import OpenAIWire
+from prefix_routing.emulator.protocol import _log_stream_arn
+from prefix_routing.emulator.sagemaker_wire import SageMakerWire
+
+
+class _Handler(SageMakerWire, OpenAIWire, HttpIO):
+    """Dispatch by path: health, the SageMaker operations, the OpenAI-style routes."""
+
+    # -- GET
+    def do_GET(self) -> None:
+        path = urlsplit(self.path).path
+        if path == "/ping":
+            self._simple(200, b"", "text/plain")
+        elif path == "/status":
+            self._simple(200, json.dumps(self.server.status()).encode(), "application/json")
+        else:
+            self._simple(
+                404, b'{"message":"not found"}', "application/json", {"X-Amzn-ErrorType": "UnknownOperationException"}
+            )
+
+    # -- POST
+    def do_POST(self) -> None:
+        path = urlsplit(self.path).path
+        routed = _route(path)
+        if routed is None:
+            self._read_body()
+            self._simple(
+                404,
+                b'{"message":"Unknown operation"}',
+                "application/json",
+                {"X-Amzn-ErrorType": "UnknownOperationException"},
+            )
+            return
+        match, operation = routed
+        body = self._read_body()
+        if body is None:
+            self.close_connection = True
+            self._simple(413, b'{"message":"Request entity too large"}', "application/json")
+            return
+        endpoint = unquote(match.group(1))
+        stream = operation == OP_INVOKE_STREAM
+        openai_body: Any = None
+        if operation == OP_CHAT_COMPLETIONS:
+            with contextlib.suppress(ValueError):
+                openai_body = json.loads(body.decode("utf-8"))
+            stream = isinstance(openai_body, dict) and openai_body.get("stream") is True
+        arrival, arrival_wall = time.monotonic(), time.time()
+        request_id = str(uuid.uuid4())
+
+        def make(index: int) -> RuntimeRequest:
+            return RuntimeRequest(
+                operation=operation,
+                endpoint_name=endpoint,
+                body=body,
+                headers=RequestHeaders.from_http(operation, self.headers),
+                raw_headers=tuple(self.headers.items()),
+                arrival=arrival,
+                arrival_wall=arrival_wall,
+                request_id=request_id,
+                index=index,
+                stream=stream,
+                path=path,
+            )
+
+        request, record, plan = self.server._admit(make)
+        outcome, status, code = "error", 500, "InternalFailure"
+        try:
+            if operation == OP_CHAT_COMPLETIONS:
+                outcome, status, code = self._openai(request, record, plan, openai_body)
+            else:
+                outcome, status, code = self._sagemaker(request, record, plan)
+        except _Disconnected:
+            outcome, status, code = "client_disconnected", None, None
+        finally:
+            self.server._finish(record, outcome, status, code)
+
+    # -- the SageMaker operations
+    def _validate(self, request: RuntimeRequest) -> str | None:
+        h = request.headers
+        name = request.endpoint_name
+        if not (len(name) <= 63 and _NAME_RE.match(name)):
+            return f"1 validation error detected: Value '{name}' at 'endpointName' failed to satisfy constraint"
+        if len(request.body) > MAX_BODY_BYTES:
+            return f"Request body of {len(request.body)} bytes exceeds the maximum of {MAX_BODY_BYTES} bytes"
+        if h.prefix_aware_id is not None and not (
+            1 <= len(h.prefix_aware_id) <= 64 and _PRINTABLE_ID_RE.match(h.prefix_aware_id)
+        ):
+            return "Value at 'prefixAwareId' failed to satisfy constraint: 1-64 printable ASCII characters"
+        if h.inference_component is not None and not (
+            len(h.inference_component) <= 63 and _COMPONENT_RE.match(h.inference_component)
+        ):
+            return "Value at 'inferenceComponentName' failed to satisfy constraint"
+        if h.inference_id is not None and not (
+            1 <= len(h.inference_id) <= 64 and _PRINTABLE_ID_RE.match(h.inference_id)
+        ):
+            return "Value at 'inferenceId' failed to satisfy constraint"
+        if h.session_id is not None and not (
+            len(h.session_id) <= 256
+            and (_SESSION_RE.match(h.session_id) or (h.session_id == "NEW_SESSION" and request.operation == OP_INVOKE))
+        ):
+            return "Value at 'sessionId' failed to satisfy constraint"
+        if self.server.endpoints is not None and name not in self.server.endpoints:
+            return f"Endpoint {name} of account 000000000000 not found."
+        return None
+
+    def _before_backend(self, request: RuntimeRequest, record: RecordedRequest, plan: _Plan) -> ErrorReply | None:
+        faults = self.server.faults
+        if plan.throttle:
+            record.fault = "throttle"
+            return ErrorReply("ThrottlingException", "Rate exceeded", status=faults.throttle_status)
+        if plan.error:
+            record.fault = "error"
+            kind = faults.error_kind
+            if kind == "ModelError":
+                return ErrorReply(
+                    kind,
+                    'Received server error (500) from primary with message "injected fault".',
+                    original_status_code=500,
+                    original_message='{"object":"error","message":"injected fault","code":500}',
+                    log_stream_arn=_log_stream_arn(request.endpoint_name),
+                )
+            return ErrorReply(kind, f"Injected {kind}.")
+        return None
+
+    def _call_backend(self, request: RuntimeRequest) -> BackendResponse | ErrorReply:
+        try:
+            result = self.server.backend.handle(request)
+        except Exception as exc:  # a backend bug: the runtime's own 500
+            return ErrorReply("InternalFailure", f"backend failed: {type(exc).__name__}: {exc}")
+        if not isinstance(result, (BackendResponse, ErrorReply)):
+            return ErrorReply("InternalFailure", f"backend returned {type(result).__name__}")
+        return result

@@ -1,0 +1,150 @@
+"""The front door's configuration (from the function's environment) and the tenant key."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+from prefix_routing.rules.settings import NormalizerSettings
+
+
+#: The tenant of every request when the tenancy mode is ``none``.
+SHARED_TENANT: Final = "shared"
+TENANCY_MODES: Final = ("iam", "header", "none")
+
+JSON_HEADERS: Final = {"content-type": "application/json"}
+_MAX_HEADER_VALUE: Final = 128
+_TENANT_CHARS: Final = frozenset(chr(c) for c in range(0x21, 0x7F))  # printable ASCII, no space
+_APPLICATION_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-/")
+_STATUS_CLIENT_CLOSED: Final = 499  # nginx's convention: the caller went away mid-answer
+
+
+# --------------------------------------------------------------------------------------------------
+# Configuration
+# --------------------------------------------------------------------------------------------------
+
+
+class ConfigurationError(ValueError):
+    """A deployment setting (an environment variable) is missing or invalid; the message names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class InvokeConfig:
+    """Everything the front door needs besides the client and the tenant key (read-only).
+
+    Build it from the Lambda's environment with :meth:`from_env` (the variables are those the stack
+    sets, see ``stacks/constructs/normalizer_function.py``). Fields: ``endpoint_name`` (required),
+    ``component_name``, ``tenancy`` (iam|header|none), ``tenant_header``, ``application_header``,
+    ``settings`` (:class:`~prefix_routing.normalize.NormalizerSettings`), ``max_attempts`` (total
+    attempts of the upstream call, 1 = no retry), ``backoff_base_s``, ``backoff_max_s``,
+    ``request_timeout_s`` (wall-clock budget of one request from its arrival; past it: 504),
+    ``stream_usage`` (add ``stream_options.include_usage`` to streaming chat/completion bodies).
+    """
+
+    endpoint_name: str
+    component_name: str | None = None
+    tenancy: str = "iam"
+    tenant_header: str = "x-tenant-id"
+    application_header: str = "x-application-id"
+    settings: NormalizerSettings = field(default_factory=NormalizerSettings)
+    max_attempts: int = 3
+    backoff_base_s: float = 0.1
+    backoff_max_s: float = 2.0
+    request_timeout_s: float = 110.0
+    stream_usage: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.endpoint_name, str) or not self.endpoint_name:
+            raise ConfigurationError("ENDPOINT_NAME: missing; the SageMaker endpoint to invoke")
+        if self.tenancy not in TENANCY_MODES:
+            raise ConfigurationError(f"TENANCY: {self.tenancy!r} is not one of {', '.join(TENANCY_MODES)}")
+        if self.tenancy == "header" and not self.tenant_header:
+            raise ConfigurationError("TENANT_HEADER: missing; required with TENANCY=header")
+        if not 1 <= self.max_attempts <= 10:
+            raise ConfigurationError(f"UPSTREAM_MAX_ATTEMPTS: {self.max_attempts} is not in 1..10")
+        if not (0 <= self.backoff_base_s <= self.backoff_max_s <= 30):
+            raise ConfigurationError("backoff: need 0 <= base <= max <= 30 seconds")
+        if not 0 < self.request_timeout_s <= 900:
+            raise ConfigurationError(f"REQUEST_TIMEOUT_S: {self.request_timeout_s} is not in (0, 900]")
+        object.__setattr__(self, "tenant_header", self.tenant_header.lower())
+        object.__setattr__(self, "application_header", (self.application_header or "").lower())
+
+    @property
+    def metric_component(self) -> str:
+        """The value of the ``InferenceComponent`` dimension."""
+        return self.component_name or self.endpoint_name
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> InvokeConfig:
+        """Read the configuration from environment variables; raises :class:`ConfigurationError`.
+
+        ``ENDPOINT_NAME`` (required), ``INFERENCE_COMPONENT_NAME``, ``TENANCY`` (iam|header|none),
+        ``TENANT_HEADER``, ``APPLICATION_HEADER``, ``PREFIX_LENGTH`` (0 or absent: the normalizer's
+        default), ``BLOCK_BYTES``, ``NORMALIZER_SETTINGS`` (a JSON object of
+        :class:`~prefix_routing.normalize.NormalizerSettings` fields, e.g. freeze rules),
+        ``UPSTREAM_MAX_ATTEMPTS``, ``REQUEST_TIMEOUT_S``, ``STREAM_USAGE`` (true|false).
+        """
+        env = os.environ if environ is None else environ
+
+        def number(name: str, default: float, kind=float) -> Any:
+            raw = env.get(name, "").strip()
+            if not raw:
+                return default
+            try:
+                return kind(raw)
+            except ValueError:
+                raise ConfigurationError(f"{name}: {raw!r} is not a number") from None
+
+        data: dict[str, Any] = {}
+        raw_settings = env.get("NORMALIZER_SETTINGS", "").strip()
+        if raw_settings:
+            try:
+                data = json.loads(raw_settings)
+            except ValueError as error:
+                raise ConfigurationError(f"NORMALIZER_SETTINGS: not valid JSON ({error})") from None
+            if not isinstance(data, dict):
+                raise ConfigurationError("NORMALIZER_SETTINGS: not a JSON object")
+        prefix_length = number("PREFIX_LENGTH", 0, int)
+        if prefix_length:
+            data["prefix_length"] = prefix_length
+        block_bytes = number("BLOCK_BYTES", 0, int)
+        if block_bytes:
+            data["block_bytes"] = block_bytes
+        try:
+            settings = NormalizerSettings.from_mapping(data, source="environment")
+        except ValueError as error:
+            raise ConfigurationError(str(error)) from None
+        usage = env.get("STREAM_USAGE", "true").strip().lower()
+        if usage not in ("true", "false", "1", "0", "yes", "no"):
+            raise ConfigurationError(f"STREAM_USAGE: {usage!r} is not true or false")
+        return cls(
+            endpoint_name=env.get("ENDPOINT_NAME", "").strip(),
+            component_name=env.get("INFERENCE_COMPONENT_NAME", "").strip() or None,
+            tenancy=env.get("TENANCY", "iam").strip().lower(),
+            tenant_header=env.get("TENANT_HEADER", "x-tenant-id").strip(),
+            application_header=env.get("APPLICATION_HEADER", "x-application-id").strip(),
+            settings=settings,
+            max_attempts=number("UPSTREAM_MAX_ATTEMPTS", 3, int),
+            request_timeout_s=number("REQUEST_TIMEOUT_S", 110.0),
+            stream_usage=usage in ("true", "1", "yes"),
+        )
+
+
+def load_tenant_key(client: Any, secret_id: str) -> bytes:
+    """The tenant HMAC key from Secrets Manager (``GetSecretValue``), as bytes.
+
+    The secret's string (or binary) value is the key material; it must be at least 16 bytes.
+    Raises :class:`ConfigurationError` (never with the value in the message).
+    """
+    if not secret_id:
+        raise ConfigurationError("TENANT_KEY_SECRET_ARN: missing; the secret that holds the tenant key")
+    answer = client.get_secret_value(SecretId=secret_id)
+    if answer.get("SecretString") is not None:
+        key = answer["SecretString"].encode("utf-8")
+    else:
+        key = bytes(answer.get("SecretBinary") or b"")
+    if len(key) < 16:
+        raise ConfigurationError(f"{secret_id}: the tenant key must be at least 16 bytes")
+    return key

@@ -1,0 +1,283 @@
+"""The exchange: call the endpoint with retries, stream the answer, report the outcome."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from prefix_routing.frontdoor.config import InvokeConfig, JSON_HEADERS, _STATUS_CLIENT_CLOSED
+from prefix_routing.frontdoor.prepare import prepare
+from prefix_routing.frontdoor.record import RequestRecord, Telemetry
+from prefix_routing.frontdoor.request import FrontRequest, RequestError
+from prefix_routing.frontdoor.stream import StreamReader
+from prefix_routing.frontdoor.upstream import Upstream, _Opened, _close_body, _jitter
+from prefix_routing.frontdoor.upstream_errors import UpstreamError, _one_line, classify_error
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """The status line and headers of the answer (the first item the generator yields)."""
+
+    status: int
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The last item the generator yields: how the request ended (the head may have said 200 earlier)."""
+
+    status: int
+    error: dict[str, Any] | None
+    record: RequestRecord
+    reader: StreamReader | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Buffered:
+    """A whole answer: status, headers and a JSON-serializable body."""
+
+    status: int
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+    def body_bytes(self) -> bytes:
+        return json.dumps(self.body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _json_bytes(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _in_band_error(fmt: str | None, error: UpstreamError, last_byte: bytes) -> bytes:
+    """The error event appended to a stream whose 200 head was already sent."""
+    payload = _json_bytes({"error": {"message": error.message, "type": error.kind, "code": error.status}})
+    if fmt == "sse" or fmt is None:
+        separator = b"" if last_byte == b"\n\n" else b"\n" if last_byte.endswith(b"\n") else b"\n\n"
+        return separator + b"data: " + payload + b"\n\n"
+    return (b"" if last_byte.endswith(b"\n") else b"\n") + payload + b"\n"
+
+
+class _State:
+    """Where an exchange is: what was opened and sent, and whether its telemetry is written."""
+
+    __slots__ = ("opened", "reader", "head_sent", "concluded")
+
+    def __init__(self) -> None:
+        self.opened: _Opened | None = None
+        self.reader: StreamReader | None = None
+        self.head_sent = False
+        self.concluded = False
+
+
+class Invoker:
+    """The front door: :meth:`stream` for the Function URL, :meth:`buffered` for direct invocations.
+
+    ``client`` is a boto3 ``sagemaker-runtime`` client (create it with botocore retries off:
+    ``Config(retries={"total_max_attempts": 1})``; the invoker retries itself, before the first byte
+    only). ``key`` is the tenant HMAC key. ``sleep`` and ``jitter`` (a number in [0, 1) per backoff)
+    are for tests.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        config: InvokeConfig,
+        key: bytes,
+        *,
+        telemetry_sink: Telemetry | None = None,
+        emit: Callable[[str], None] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        jitter: Callable[[], float] | None = None,
+    ) -> None:
+        self.config = config
+        self.key = key
+        self.telemetry = telemetry_sink or Telemetry(config, emit)
+        self.clock = time.monotonic  # FrontRequest.arrival and deadlines are on this clock
+        self.upstream = Upstream(client, config, sleep=sleep, jitter=jitter or _jitter, clock=self.clock)
+
+    # -- helpers
+    def _deadline(self, request: FrontRequest) -> float:
+        deadline = request.arrival + self.config.request_timeout_s
+        if request.deadline is not None:
+            deadline = min(deadline, request.deadline)
+        return deadline
+
+    # -- the streaming interface
+    def stream(self, request: FrontRequest, *, collect: bool = False) -> Iterator[Head | bytes | Outcome]:
+        """Yield a :class:`Head`, the answer's bytes as they arrive, then an :class:`Outcome`.
+
+        The request's metrics and log line are written before the :class:`Outcome` is yielded. Close
+        the generator (``.close()``) if the caller goes away mid-answer: the upstream stream is closed
+        and the request is logged with status 499 (``client_closed``).
+        """
+        record = RequestRecord(arrival_ms=request.arrival_ms, request_id=request.request_id)
+        state = _State()
+        try:
+            yield from self._exchange(request, record, state, collect)
+        except GeneratorExit:
+            if not state.concluded and record.status == 200:
+                record.status, record.error_kind = _STATUS_CLIENT_CLOSED, "client_closed"
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug must still answer and be logged
+            if state.concluded:
+                raise
+            head_sent = state.head_sent
+            record.status, record.error_kind, record.origin = 500, "internal", "internal"
+            record.error_field = type(exc).__name__
+            error = UpstreamError(500, "internal", "internal error in the front door")
+            if head_sent:
+                yield _in_band_error(state.reader.format if state.reader else None, error, b"")
+            else:
+                yield Head(500, dict(JSON_HEADERS))
+                yield _json_bytes(error.body())
+            self._conclude(request, record, state)
+            yield Outcome(500, error.body()["error"], record, state.reader)
+        finally:
+            if not state.concluded:
+                self._conclude(request, record, state)
+
+    def _conclude(self, request: FrontRequest, record: RequestRecord, state: _State) -> None:
+        """Close the upstream stream and write the request's telemetry, once."""
+        if state.concluded:
+            return
+        state.concluded = True
+        if state.opened is not None:
+            _close_body(state.opened.response)
+        record.wall_ms = (self.clock() - request.arrival) * 1000.0
+        if record.status is None:
+            record.status = 500
+        self.telemetry.publish(record)
+
+    def _exchange(self, request: FrontRequest, record: RequestRecord, state: _State,
+                  collect: bool) -> Iterator[Head | bytes | Outcome]:
+        try:
+            prepared = prepare(request, self.config, self.key)
+        except RequestError as error:
+            record.normalize_ms = error.normalize_ms
+            record.status, record.error_kind, record.error_field = error.status, error.code, error.field
+            record.origin = "client"
+            headers = dict(JSON_HEADERS)
+            if error.status == 405:
+                headers["allow"] = "POST"
+            state.head_sent = True
+            yield Head(error.status, headers)
+            yield _json_bytes(error.body())
+            self._conclude(request, record, state)
+            yield Outcome(error.status, error.body()["error"], record)
+            return
+        record.tenant, record.application = prepared.tenant, prepared.application
+        record.routing_id = prepared.identity.prefix_aware_id
+        record.body_kind = prepared.normalized.kind
+        record.fingerprint = prepared.normalized.prefix_fingerprint
+        record.block_hashes = prepared.normalized.block_hashes
+        record.body_bytes = len(prepared.normalized.body)
+        record.normalize_ms = prepared.normalize_ms
+        deadline = self._deadline(request)
+        record.sent = True
+        try:
+            opened = state.opened = self.upstream.open(prepared, record, deadline)
+        except UpstreamError as error:
+            record.status, record.error_kind = error.status, error.kind
+            record.origin = "internal" if error.kind == "internal" else "upstream"
+            headers = dict(JSON_HEADERS)
+            if error.status == 429:
+                headers["retry-after"] = str(max(1, math.ceil(self.config.backoff_max_s)))
+            body = error.body(record.attempts)
+            state.head_sent = True
+            yield Head(error.status, headers)
+            yield _json_bytes(body)
+            self._conclude(request, record, state)
+            yield Outcome(error.status, body["error"], record)
+            return
+        record.ttft_ms = (opened.first_at - opened.started) * 1000.0
+        reader = state.reader = StreamReader(expects_usage=prepared.expects_usage, collect=collect)
+        headers = {
+            "content-type": opened.content_type,
+            "cache-control": "no-cache",
+            "x-prefix-aware-id": prepared.identity.prefix_aware_id,
+            "x-prefix-fingerprint": prepared.normalized.prefix_fingerprint,
+        }
+        record.status = 200
+        state.head_sent = True
+        yield Head(200, headers)
+        failure: UpstreamError | None = None
+        last = opened.first[-2:]
+        reader.feed(opened.first)
+        yield opened.first
+        try:
+            for chunk in opened.events:
+                reader.feed(chunk)
+                last = (last + chunk)[-2:]
+                yield chunk
+                if self.clock() > deadline:
+                    failure = UpstreamError(504, "timeout", "the answer took longer than the front door's limit "
+                                            f"of {self.config.request_timeout_s:g} s")
+                    break
+        except Exception as exc:  # noqa: BLE001 - a mid-stream failure (GeneratorExit is not an Exception)
+            failure = classify_error(exc)
+        record.total_ms = (self.clock() - opened.started) * 1000.0
+        reader.finish()
+        record.prompt_tokens, record.cached_tokens = reader.prompt_tokens, reader.cached_tokens
+        record.output_tokens = reader.completion_tokens
+        reported_by_model = False
+        if failure is None and reader.error is not None:
+            detail = reader.error.get("message") if isinstance(reader.error, Mapping) else reader.error
+            failure = UpstreamError(502, "model_stream_error",
+                                    f"the model reported an error mid-stream: {_one_line(detail, 200)}")
+            reported_by_model = True  # the caller already has the model's own error event
+        if failure is None and not reader.complete:
+            failure = UpstreamError(502, "truncated", "the model's answer ended before its final chunk "
+                                    "(truncated): do not use it as complete")
+        if failure is not None:
+            # An exception of ours mid-stream (classified "internal") is not the endpoint's failure.
+            origin = "internal" if failure.kind == "internal" else "upstream"
+            record.status, record.error_kind, record.origin = failure.status, failure.kind, origin
+            if not reported_by_model:
+                yield _in_band_error(reader.format, failure, last)
+            self._conclude(request, record, state)
+            yield Outcome(failure.status, failure.body()["error"], record, reader)
+            return
+        self._conclude(request, record, state)
+        yield Outcome(200, None, record, reader)
+
+    # -- the buffered interface
+    def buffered(self, request: FrontRequest) -> Buffered:
+        """The whole answer as one JSON object (for direct invocations and buffered HTTP events).
+
+        Success: the model's own JSON document if it answered with one, else the streamed chunks
+        assembled (``choices[].text``, ``finish_reason``, ``usage``). Failure: ``{"error": {...}}``,
+        plus ``partial`` (what arrived) if the stream failed after it began.
+        """
+        head: Head | None = None
+        for item in self.stream(request, collect=True):
+            if isinstance(item, Head):
+                head = item
+            elif isinstance(item, Outcome):
+                headers = dict(head.headers) if head is not None else {}
+                headers["content-type"] = "application/json"
+                if item.error is None:
+                    body = item.reader.answer() if item.reader is not None else {}
+                    return Buffered(200, headers, body)
+                body = {"error": item.error}
+                if item.reader is not None and item.reader.total_bytes:
+                    body["partial"] = item.reader.answer()
+                return Buffered(item.status, headers, body)
+        raise RuntimeError("the exchange ended without an outcome")  # pragma: no cover
+
+
+def decode_direct_payload(payload: bytes) -> dict[str, Any]:
+    """The JSON answer of a direct invocation, from the ``Payload`` that ``lambda:Invoke`` returns.
+
+    The function streams its responses (Lambda Web Adapter in ``response_stream`` mode), so a direct
+    invocation's payload may start with the adapter's HTTP metadata prelude (a JSON object, then 8
+    zero bytes) before the answer; this strips it when present.
+    """
+    data = bytes(payload)
+    marker = data.find(b"\x00" * 8)
+    if marker > 0 and data[:1] == b"{":
+        data = data[marker + 8:]
+    return json.loads(data.decode("utf-8"))

@@ -1,0 +1,82 @@
+"""Validation and normalization of one request: the canonical body and the tenant's routing identity."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from prefix_routing.rules.errors import NormalizationError
+from prefix_routing.rules.body import Normalized, normalize_body
+from prefix_routing.rules.identity import RoutingIdentity, routing_identity
+
+from prefix_routing.frontdoor.config import InvokeConfig
+from prefix_routing.frontdoor.request import FrontRequest, RequestError
+from prefix_routing.frontdoor.tenancy import identify_tenant
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A validated request: tenant, routing identity, canonical body. ``expects_usage``: the body asks
+    for a usage chunk at the end of the stream (``stream_options.include_usage``)."""
+
+    tenant: str
+    application: str | None
+    identity: RoutingIdentity
+    normalized: Normalized
+    normalize_ms: float
+    expects_usage: bool
+
+
+def _wants_usage(normalized: Normalized) -> tuple[bool, bool]:
+    """(the body streams and asks for usage, the body streams without saying) for chat/completion."""
+    if normalized.kind == "lmi" or b'"stream":true' not in normalized.body:
+        return False, False
+    data = json.loads(normalized.body)
+    if data.get("stream") is not True:
+        return False, False
+    options = data.get("stream_options")
+    if options is None:
+        return False, True
+    if isinstance(options, dict):
+        if options.get("include_usage") is True:
+            return True, False
+        return False, "include_usage" not in options
+    return False, False
+
+
+def prepare(request: FrontRequest, config: InvokeConfig, key: bytes) -> Prepared:
+    """Identify the tenant, validate and normalize the body; raises :class:`RequestError` (4xx).
+
+    The normalization time covers parsing, validation and canonical serialization.
+    """
+    if request.problem is not None:
+        raise request.problem
+    if request.source == "http" and request.method != "POST":
+        raise RequestError(405, "method_not_allowed", f"method {request.method[:16]}: only POST is accepted",
+                           "method")
+    tenant, application = identify_tenant(request, config)
+    try:
+        identity = routing_identity(tenant, application, key)
+    except ValueError as error:
+        raise RequestError(400, "invalid_tenant", f"tenant/application: {error}", "tenant") from None
+    started = time.perf_counter()
+    try:
+        normalized = normalize_body(request.body if request.body is not None else b"", config.settings,
+                                    identity=identity)
+        expects_usage = False
+        if config.stream_usage:
+            expects_usage, add = _wants_usage(normalized)
+            if add:
+                data = json.loads(normalized.body)
+                options = data.get("stream_options")
+                data["stream_options"] = {**(options or {}), "include_usage": True}
+                normalized = normalize_body(data, config.settings, identity=identity)
+                expects_usage = True
+        elif normalized.kind != "lmi" and b'"include_usage":true' in normalized.body:
+            expects_usage = _wants_usage(normalized)[0]
+    except NormalizationError as error:
+        rejected = RequestError(400, error.code, str(error), error.field)
+        rejected.normalize_ms = (time.perf_counter() - started) * 1000.0
+        raise rejected from None
+    normalize_ms = (time.perf_counter() - started) * 1000.0
+    return Prepared(tenant, application, identity, normalized, normalize_ms, expects_usage)

@@ -1,0 +1,172 @@
+"""The request record, its log line and its EMF document (names from :mod:`prefix_routing.rules.telemetry`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+from prefix_routing.rules import telemetry
+
+from prefix_routing.frontdoor.config import (
+    InvokeConfig,
+)
+
+
+#: Extra fields of the request log line (informational; no alarm, query or reader depends on them).
+LOG_REQUEST_ID: Final = "request_id"
+LOG_APPLICATION: Final = "application"
+LOG_BODY_KIND: Final = "body_kind"
+LOG_ATTEMPTS: Final = "attempts"
+LOG_ERROR_FIELD: Final = "error_field"
+LOG_WALL_MS: Final = "wall_ms"  # arrival to the end of the answer, retries and normalization included
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """Everything measured about one request; becomes one EMF document and one log line.
+
+    ``sent``: the request went to the endpoint. ``origin``: ``"client"`` (rejected here, 4xx),
+    ``"upstream"`` (the endpoint failed it), ``"internal"``, or None. Everything but ``arrival_ms`` is
+    optional (None, or ``()``/``False``/``0`` for ``block_hashes``/``sent``/``attempts``).
+    """
+
+    arrival_ms: int
+    request_id: str | None = None
+    tenant: str | None = None
+    application: str | None = None
+    routing_id: str | None = None
+    body_kind: str | None = None
+    fingerprint: str | None = None
+    block_hashes: tuple[str, ...] = ()
+    body_bytes: int | None = None
+    normalize_ms: float | None = None
+    sent: bool = False
+    attempts: int = 0
+    ttft_ms: float | None = None
+    total_ms: float | None = None
+    wall_ms: float | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    output_tokens: int | None = None
+    status: int | None = None
+    error_kind: str | None = None
+    error_field: str | None = None
+    origin: str | None = None
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+_SAFE_FIELD_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.[]-")
+
+
+def _loggable_field(field_path: str | None) -> str | None:
+    """A field path for the log only if it is made of plain names and indexes: object keys are the
+    client's data (a key could be anything, even prompt text), and no client text goes to the log."""
+    if field_path is None:
+        return None
+    if len(field_path) <= 80 and all(c in _SAFE_FIELD_CHARS for c in field_path):
+        return field_path
+    return "(redacted)"
+
+
+def log_record(record: RequestRecord, config: InvokeConfig) -> dict[str, Any]:
+    """The request log line (a JSON object with the :class:`telemetry.LogField` fields)."""
+    F = telemetry.LogField
+    settings = config.settings
+    return {
+        F.MESSAGE: telemetry.REQUEST_LOG_MESSAGE,
+        F.TIMESTAMP_MS: record.arrival_ms,
+        LOG_REQUEST_ID: record.request_id,
+        F.TENANT: record.tenant,
+        LOG_APPLICATION: record.application,
+        F.ROUTING_ID: record.routing_id,
+        F.COMPONENT: config.metric_component,
+        LOG_BODY_KIND: record.body_kind,
+        F.PREFIX_FINGERPRINT: record.fingerprint,
+        F.PREFIX_LENGTH: settings.prefix_length,
+        F.BLOCK_HASHES: list(record.block_hashes),
+        F.BLOCK_BYTES: settings.block_bytes,
+        F.BODY_BYTES: record.body_bytes,
+        F.PROMPT_TOKENS: record.prompt_tokens,
+        F.CACHED_TOKENS: record.cached_tokens,
+        F.OUTPUT_TOKENS: record.output_tokens,
+        F.TTFT_MS: _ms(record.ttft_ms),
+        F.TOTAL_MS: _ms(record.total_ms),
+        F.NORMALIZE_MS: _ms(record.normalize_ms),
+        LOG_WALL_MS: _ms(record.wall_ms),
+        LOG_ATTEMPTS: record.attempts,
+        F.STATUS: record.status,
+        F.ERROR_KIND: record.error_kind,
+        LOG_ERROR_FIELD: _loggable_field(record.error_field),
+    }
+
+
+def _metric_values(record: RequestRecord) -> list[tuple[telemetry.MetricSpec, float]]:
+    values: list[tuple[telemetry.MetricSpec, float]] = [
+        (telemetry.REQUESTS, 1.0 if record.sent else 0.0),
+        (telemetry.CLIENT_ERRORS, 1.0 if record.origin == "client" else 0.0),
+        (telemetry.UPSTREAM_ERRORS, 1.0 if record.origin == "upstream" else 0.0),
+    ]
+    optional = (
+        (telemetry.TTFT, record.ttft_ms),
+        (telemetry.END_TO_END, record.total_ms),
+        (telemetry.NORMALIZATION_TIME, record.normalize_ms),
+        (telemetry.PROMPT_TOKENS, record.prompt_tokens),
+        (telemetry.CACHED_TOKENS, record.cached_tokens),
+    )
+    values.extend((spec, float(value)) for spec, value in optional if value is not None)
+    return values
+
+
+def emf_document(record: RequestRecord, config: InvokeConfig, timestamp_ms: int | None = None) -> dict[str, Any]:
+    """The request's metrics as one CloudWatch Embedded Metric Format document, serialized by
+    Powertools' EMF provider (what ``Metrics`` flushes), written through our own emitter.
+
+    Namespace :data:`telemetry.NAMESPACE`, exactly one dimension set ``[["InferenceComponent"]]``: the
+    stacks' alarms and dashboards use exactly this one, so ``POWERTOOLS_SERVICE_NAME`` must stay
+    unset (Powertools would add a ``service`` dimension; the normalizer stack never sets it). Every
+    metric is high resolution (``StorageResolution: 1``) with its unit from :mod:`telemetry`.
+    A fresh provider per request: Powertools' ``Metrics`` keeps shared state across instances.
+
+    Powertools is imported here, at the first request's end, not with the module: the document is
+    written after the answer has streamed, so its import (about a quarter of boto3's) stays off the
+    cold start's path to the first token (``bench/bench_handler_import.py``).
+    """
+    from aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch import AmazonCloudWatchEMFProvider
+
+    provider = AmazonCloudWatchEMFProvider(namespace=telemetry.NAMESPACE)
+    provider.add_dimension(name=telemetry.DIMENSION_COMPONENT, value=config.metric_component)
+    for spec, value in _metric_values(record):
+        provider.add_metric(name=spec.name, unit=spec.unit, value=value, resolution=HIGH_RESOLUTION)
+    if timestamp_ms is not None:
+        provider.set_timestamp(timestamp_ms)
+    return provider.serialize_metric_set()
+
+
+HIGH_RESOLUTION: Final = 1  # seconds: MetricResolution.High
+
+_OUTPUT_LOCK: Final = threading.Lock()
+
+
+def _stdout_line(line: str) -> None:
+    with _OUTPUT_LOCK:  # one write per line: concurrent requests never interleave within a line
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+class Telemetry:
+    """Writes each request's EMF document and log line (standard output → CloudWatch Logs in Lambda)."""
+
+    def __init__(self, config: InvokeConfig, emit: Callable[[str], None] | None = None) -> None:
+        self.config = config
+        self.emit = emit or _stdout_line
+
+    def publish(self, record: RequestRecord) -> None:
+        compact = {"separators": (",", ":"), "ensure_ascii": False}
+        self.emit(json.dumps(emf_document(record, self.config), **compact))
+        self.emit(json.dumps(log_record(record, self.config), **compact))

@@ -1,0 +1,401 @@
+"""The model of one SageMaker endpoint: routing, per-copy KV caches, prefill, decode and queueing.
+
+Pure computation, no I/O and no clock of its own: every call takes ``now`` (seconds on any clock).
+The lab drives it in simulated time (``lab.simulate``), the emulator in real time. One model, two
+clocks:
+
+    fleet = Fleet(FleetConfig(instances=8, strategy=Strategy.PREFIX_AWARE, prefix_length=4096))
+    fleet.advance(now)                         # retire the requests finished by `now`
+    p = fleet.submit(Request(prompt_tokens=9000, output_tokens=200, blocks=ids), now)
+    p.instance, p.copy, p.cached_tokens, p.ttft_s, p.first_token_s, p.per_token_s, p.finish_s
+
+``submit`` decides everything about the request when it arrives: the copy it runs on, how much of its
+prompt that copy has cached, when it is admitted to the engine, when its first token appears and when
+its last token does. That is possible because each copy serves its queue first come, first served
+and the model does not let later arrivals change earlier requests (see "Simplifications" below). The
+emulator streams tokens at ``first_token_s + i × per_token_s``; the lab only records the figures.
+
+The endpoint
+------------
+``instances`` × ``copies`` engine copies (inference-component copies), numbered ``g = instance ×
+copies + copy``. Each copy is one vLLM-like engine with its own KV cache: an LRU cache of block ids.
+
+Routing (``Strategy``), as the SageMaker API documents it (``../shared/reference/aws-facts.md``):
+
+- ``RANDOM``: a copy drawn uniformly (seeded).
+- ``LEAST_OUTSTANDING_REQUESTS``: the copy with the fewest requests in flight; ties broken by a
+  scan from a random position (a fixed tie order would pile an idle fleet onto copy 0).
+- ``PREFIX_AWARE``: the routing key is the first ``prefix_length`` bytes of the (normalized) body,
+  plus the ``PrefixAwareId`` when the request has one (identical prompts of different ids route
+  apart). Traces carry block ids, not bytes, so the key is mapped to blocks: the first
+  ``key_offset_bytes`` bytes of the body are JSON before the prompt (``{"messages":[{"role":...``;
+  0 by default, i.e. the prompt text starts the body), the rest covers prompt bytes at
+  ``bytes_per_token`` bytes per token (default 4, the usual figure for English with Llama 3's
+  tokenizer). A block of ``block_tokens`` tokens is ``block_tokens × bytes_per_token`` bytes (or
+  ``block_bytes`` when the block ids hash bytes, as the normalizer's log does), so the key covers
+  ``ceil((prefix_length − key_offset_bytes) / block_bytes)`` leading blocks, a block only partly
+  covered counting whole. Block ids are chained (equal id = equal prefix up to that block), so the
+  id of the last covered block identifies the key. Keys map to a "home" copy by a seeded 64-bit
+  hash (Fibonacci hashing of integer ids, blake2b for strings), the same in every process.
+  ConcurrencyThreshold: a request goes to its home copy unless that copy has ``>= threshold``
+  requests in flight; then to the least-loaded other copy on the same instance below the threshold;
+  then to the least-loaded copy on another instance below the threshold (scanned from the next
+  instance on); if every copy is at the threshold, to the least-loaded copy of all. A request that
+  does not go home is a spill.
+- ``KV_AWARE``: the API routes "to an instance whose KV cache already holds the start of the
+  prompt, weighed against load". Modelled as an idealised router that knows every copy's cache: it
+  picks the copy with the lowest ``wait + prefill(uncached part) + kv_load_weight_s × in flight``,
+  where ``wait`` is the time until the copy can start the prefill (its prefill backlog, or the first
+  free engine slot) and ``prefill`` is the latency model's compute time for the tokens that copy does
+  not hold. One request in flight weighs as much as ``kv_load_weight_s`` (default 10 ms ≈ 240
+  tokens of 70B prefill on a p5): enough to spread new conversations like least-outstanding routing,
+  far too little to send a long cached conversation away from its cache. Ties: random scan.
+- Prefix routing only applies when two or more copies can serve; with one copy everything goes there.
+- PREFIX_AWARE and KV_AWARE add ``routing_overhead_s`` (1.6 ms, the middle of the 1.3–1.9 ms AWS
+  measured) to the time to first token.
+
+The KV cache
+------------
+Capacity per copy in tokens: ``cache_tokens`` if given (``math.inf`` for unbounded), else the
+preset's vLLM-sized capacity (``presets.Preset.kv_tokens``: TP × accelerator memory × 0.9 − weights −
+2 GiB per GPU, ÷ KV bytes per token, which is 2 × layers × KV heads × head dim × dtype bytes). It
+holds ``capacity // block_tokens`` blocks. A request's cached tokens are its leading blocks found in
+the cache (``min(blocks × block_tokens, prompt)``); then all its blocks are touched, the last block
+first, so that eviction (least recently used first) takes a prompt's tail before its head, as vLLM's
+free-block queue does. With chained ids this keeps every cached chain contiguous from its first
+block, so "leading blocks found" equals "blocks found" and is counted at C speed.
+
+The latency model (``LatencyModel``, from ``../shared/reference/fleet-presets.md``)
+-------------------------------------------------------------------------------
+Per engine step with ``B`` running sequences of total context ``ΣL`` (BLIS / inference-sim
+coefficients, fitted to vLLM on H100)::
+
+    step    = 1.36·weights + 1.95·kv_read + 0.75·allreduce + 32 µs·layers + 4.4 µs·B + 126 µs
+    weights = (2·P / TP) / HBM bandwidth,   kv_read = (KV bytes per token / TP)·(ΣL + B) / HBM
+    prefill = [2·P·n_new + 4·layers·hidden·n_new·(n_cached + n_new/2)] / (TP · peak · MFU)
+
+``TP · peak · MFU`` is calibrated so that a 4,096-token uncached prefill runs at the preset's prefill
+throughput, and ``allreduce`` so that a step at B = 32, 2k context takes the preset's decode time
+(clamped at 0 where the other terms already exceed it). A request's prefill takes the compute term
+plus one step's overhead per chunk of ``max_batched_tokens`` uncached tokens. Its time to first token
+is the wait for an engine slot and for the copy's prefill queue, plus its prefill, plus the request
+overhead (15 ms) and the routing overhead. Every later token takes one decode step at the batch and
+context the copy has when the request starts. An engine admits at most ``max_num_seqs`` requests
+(vLLM's default) whose prompt + output tokens fit the KV capacity; the others wait first come, first
+served.
+
+Timeouts: SageMaker gives up on a container that has not answered within 60 s
+(``timeout_s``). A request whose first token would come later fails: it stays in the in-flight count
+for the 60 s, never reaches the engine or the cache (``Placement.timed_out``). An overloaded copy
+therefore sheds load instead of queueing without bound.
+
+Simplifications (documented in docs/lab.md):
+- prefills on one copy run one after another (the prefill queue is the main queueing of a lightly
+  loaded engine); decode runs alongside and does not slow them beyond the per-chunk step overhead;
+- a request's decode speed is fixed when it starts: later arrivals do not slow it down;
+- a prompt's blocks enter the cache when it is routed, not when its prefill ends;
+- a request reserves prompt + output tokens while it runs (vLLM would preempt instead); running
+  requests' blocks are not protected from eviction; a request that alone exceeds the capacity runs
+  anyway.
+
+Determinism: everything random derives from ``FleetConfig.seed``."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from heapq import heappop, heappush
+from itertools import repeat as _repeat
+from typing import Hashable, Sequence
+from prefix_routing.rules.errors import UserError
+
+from prefix_routing.lab.fleet_config import FleetConfig
+from prefix_routing.lab.engine_model import EngineModel
+from prefix_routing.lab.fleet_stats import CopyStats, instance_totals
+from prefix_routing.lab.latency import LatencyModel
+from prefix_routing.lab.routing import (
+    ROUTING_OVERHEAD_S,
+    Strategy,
+    _GOLDEN,
+    _LEAST_OUTSTANDING,
+    _MASK,
+    _PREFIX_AWARE,
+    _RANDOM,
+    mix64,
+    routing_key,
+    spill_copy,
+    stable_hash,
+)
+
+
+_consume = deque(maxlen=0).extend  # runs an iterator to its end in C
+_NONES = _repeat(None)  # endless; map() stops at the shorter iterable
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    prompt_tokens: int
+    output_tokens: int
+    blocks: Sequence[Hashable] = ()  # chained block ids of the prompt (or of the normalized body)
+    routing_id: str | None = None  # PrefixAwareId
+    key: Hashable | None = None  # the routing key if the caller has the body's bytes; else from blocks
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """What the fleet decided for one request. Times are absolute on the caller's clock."""
+
+    instance: int
+    copy: int
+    prompt_tokens: int
+    cached_tokens: int
+    arrival_s: float
+    start_s: float  # admitted to the engine (after waiting for a slot)
+    first_token_s: float
+    per_token_s: float  # time between later tokens
+    finish_s: float  # last token; the request leaves the in-flight count then
+    spilled: bool  # PREFIX_AWARE: not sent to its key's home copy
+    timed_out: bool = False  # no first token within the invocation timeout: the call fails
+
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def queued_s(self) -> float:
+        return self.start_s - self.arrival_s
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+class Fleet:
+    """One endpoint's state. Not thread-safe: callers serialize ``submit``/``advance``/``release``."""
+
+    def __init__(self, config: FleetConfig):
+        self.config = config
+        self.latency = LatencyModel.from_preset(config.preset)
+        n = self.n = config.total_copies
+        self._copies = config.copies
+        self._rng = random.Random(config.seed)
+        self._seed_mix = mix64(config.seed & _MASK)
+        self._home_of: dict = {}
+        capacity = config.capacity_tokens
+        self._infinite = math.isinf(capacity)
+        self._cap_blocks = 0 if self._infinite else int(capacity // config.block_tokens)
+        self._caches: list = [set() if self._infinite else OrderedDict() for _ in range(n)]
+        self._out = [0] * n  # in flight (routing's view)
+        self._done: list = []  # heap of (client finish, copy) for the in-flight counts
+        self._early: dict = {}
+        self._requests = [0] * n
+        self._prompt = [0.0] * n
+        self._cached = [0.0] * n
+        self._spills_in = [0] * n
+        self._timeouts = [0] * n
+        self.spills = 0
+        self.timeouts = 0
+        self._timeout = math.inf if config.timeout_s is None else config.timeout_s
+        routing = config.routing_overhead_s
+        if routing is None:
+            routing = ROUTING_OVERHEAD_S if config.strategy in (Strategy.PREFIX_AWARE, Strategy.KV_AWARE) else 0.0
+        self._ttft_overhead = config.request_overhead_s + routing
+        self._k = config.key_blocks
+        # Flat copies for the hot path.
+        self._strategy = config.strategy
+        self._threshold = config.concurrency_threshold
+        self._bt = config.block_tokens
+        self.engines = EngineModel(n, self.latency, budget=capacity, overhead_s=self._ttft_overhead,
+                                   timeout_s=self._timeout)
+
+    # ----------------------------------------------------------------- public API
+
+    def key_for(self, request: Request) -> Hashable:
+        """The PREFIX_AWARE routing key of a request (its own ``key`` if given)."""
+        if request.key is not None:
+            return request.key if request.routing_id is None else (request.routing_id, request.key)
+        return routing_key(request.blocks, self._k, request.routing_id)
+
+    def home(self, key: Hashable) -> int:
+        """The copy (global index) a routing key maps to: a seeded 64-bit hash of it, mod copies.
+
+        Integer keys (chained block ids) use Fibonacci hashing inline, others a memoized mix of
+        their ``stable_hash``; both are the same in every process.
+        """
+        if type(key) is int:
+            return ((((key ^ self._seed_mix) * _GOLDEN) & _MASK) >> 16) % self.n
+        g = self._home_of.get(key)
+        if g is None:
+            g = self._home_of[key] = mix64(stable_hash(key) ^ self._seed_mix) % self.n
+        return g
+
+    def submit(self, request: Request, now: float) -> Placement:
+        """Route and schedule one request arriving at ``now``. Call ``advance(now)`` first."""
+        g, cached, first, tpot, finish, spilled, start = self._place(
+            self.key_for(request), request.blocks, request.prompt_tokens, request.output_tokens, now
+        )
+        c = self._copies
+        return Placement(
+            g // c, g % c, request.prompt_tokens, int(cached), now, start, first, tpot, finish, spilled,
+            first == math.inf,
+        )
+
+    def advance(self, now: float) -> int:
+        """Retire the requests whose last token is out by ``now``; returns how many."""
+        done, out, retired = self._done, self._out, 0
+        while done and done[0][0] <= now:
+            entry = heappop(done)
+            if self._early and self._early.get(entry):
+                self._early[entry] -= 1
+                continue
+            out[entry[1]] -= 1
+            retired += 1
+        return retired
+
+    def release(self, placement: Placement) -> None:
+        """A request ended early (client went away): drop it from the in-flight count now.
+
+        Its engine slot stays reserved until its modelled finish (the engine notices late too).
+        """
+        g = placement.instance * self._copies + placement.copy
+        entry = (placement.finish_s, g)
+        self._out[g] -= 1
+        self._early[entry] = self._early.get(entry, 0) + 1
+
+    def set_slowdown(self, instance: int, factor: float) -> None:
+        """Make every copy of an instance ``factor`` times slower (fault injection)."""
+        if not factor > 0:
+            raise UserError(f"slowdown factor {factor}: must be > 0")
+        c = self._copies
+        for g in range(instance * c, instance * c + c):
+            self.engines.slow[g] = float(factor)
+
+    def outstanding(self) -> list[int]:
+        return list(self._out)
+
+    def copy_stats(self) -> list[CopyStats]:
+        c = self._copies
+        return [
+            CopyStats(
+                g // c,
+                g % c,
+                self._out[g],
+                self._requests[g],
+                self._prompt[g],
+                self._cached[g],
+                math.inf if self._infinite else len(self._caches[g]),
+                self._spills_in[g],
+                self._timeouts[g],
+            )
+            for g in range(self.n)
+        ]
+
+    def instance_totals(self) -> list[dict]:
+        """Per instance: requests, prompt tokens, cached tokens, hit rate, in flight."""
+        return instance_totals(self.copy_stats(), self.config.instances)
+
+    def cached_prefix_blocks(self, g: int, blocks: Sequence[Hashable]) -> int:
+        """Leading blocks of ``blocks`` that copy ``g`` holds (no side effects)."""
+        contains = self._caches[g].__contains__
+        m = 0
+        for b in blocks:
+            if not contains(b):
+                break
+            m += 1
+        return m
+
+    # ----------------------------------------------------------------- the hot path
+
+    def _place(self, key, blocks, prompt, output, now):
+        """Route and schedule; returns (copy, cached, first_token, per_token, finish, spilled, start).
+
+        Written for speed (the lab calls it once per simulated request): configuration and
+        latency constants are read from flat attributes and the cache work runs in C (``map``).
+        """
+        n = self.n
+        out = self._out
+        strategy = self._strategy
+        spilled = False
+        caches = self._caches
+        if n == 1:
+            g = 0
+        elif strategy is _PREFIX_AWARE:
+            if type(key) is int:
+                g = ((((key ^ self._seed_mix) * _GOLDEN) & _MASK) >> 16) % n
+            else:
+                g = self._home_of.get(key)
+                if g is None:
+                    g = self.home(key)
+            if out[g] >= self._threshold:
+                home = g
+                g = spill_copy(out, home, self._threshold, self._copies)
+                if g != home:
+                    spilled = True
+                    self.spills += 1
+                    self._spills_in[g] += 1
+        elif strategy is _RANDOM:
+            g = int(self._rng.random() * n)
+        elif strategy is _LEAST_OUTSTANDING:
+            start = int(self._rng.random() * n)
+            g, best = start, out[start]
+            for j in range(start + 1, start + n):
+                j = j if j < n else j - n
+                if out[j] < best:
+                    g, best = j, out[j]
+        else:
+            g = self._kv_choose(blocks, prompt, now)
+        cache = caches[g]
+        m = sum(map(cache.__contains__, blocks))
+
+        cached = m * self._bt
+        if cached > prompt:
+            cached = prompt
+        self._requests[g] += 1
+        out[g] += 1
+        scheduled = self.engines.schedule(g, prompt, cached, output, now)
+        if scheduled is None:
+            # SageMaker gives up on the container (60 s): the request fails, holding its place in
+            # the in-flight count until then, and never reaches the engine or the cache.
+            self.timeouts += 1
+            self._timeouts[g] += 1
+            finish = now + self._timeout
+            heappush(self._done, (finish, g))
+            return g, 0, math.inf, 0.0, finish, spilled, now
+        start, first, tpot, finish = scheduled
+        heappush(self._done, (finish, g))
+        self._prompt[g] += prompt
+        self._cached[g] += cached
+
+        _touch(cache, blocks, m, self._infinite, self._cap_blocks)
+        return g, cached, first, tpot, finish, spilled, start
+
+    def _kv_choose(self, blocks, prompt, now):
+        """KV_AWARE: the lowest estimated wait + uncached prefill + load penalty (scan from a seeded copy)."""
+        start = int(self._rng.random() * self.n)
+        return self.engines.kv_aware_copy(self._caches, self._out, blocks, prompt, now, start=start,
+                                          block_tokens=self.config.block_tokens,
+                                          load_weight_s=self.config.kv_load_weight_s)
+
+
+def _touch(cache, blocks: Sequence[Hashable], m: int, infinite: bool, cap_blocks: int) -> None:
+    """Touch a request's blocks in a copy's cache, tail first (``m`` of them were there); evict the LRU."""
+    if m < len(blocks):
+        if infinite:
+            cache.update(blocks)
+        else:
+            _consume(map(cache.__setitem__, reversed(blocks[m:]), _NONES))
+    if m and not infinite:
+        try:
+            _consume(map(cache.move_to_end, reversed(blocks[:m])))
+        except KeyError:  # ids that are not chained (or repeat): touch one by one
+            for b in reversed(blocks[:m]):
+                if b in cache:
+                    cache.move_to_end(b)
+                else:
+                    cache[b] = None
+    extra = len(cache) - cap_blocks
+    if extra > 0 and not infinite:
+        _consume(map(cache.popitem, _repeat(False, extra)))

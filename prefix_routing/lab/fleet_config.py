@@ -1,0 +1,89 @@
+"""One endpoint's configuration for the fleet model, validated on creation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from prefix_routing.rules.errors import UserError
+from prefix_routing.stage.presets import DEFAULT_PRESET, Preset, get_preset
+
+from prefix_routing.lab.routing import (
+    CONCURRENCY_THRESHOLD_RANGE,
+    DEFAULT_BLOCK_TOKENS,
+    DEFAULT_BYTES_PER_TOKEN,
+    PREFIX_LENGTH_RANGE,
+    Strategy,
+    key_blocks,
+)
+
+
+REQUEST_OVERHEAD_S = 0.015  # fleet-presets.md: "~15 ms request overhead"
+KV_LOAD_WEIGHT_S = 0.010
+INVOCATION_TIMEOUT_S = 60.0  # aws-facts.md: the container must answer within 60 s
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """One endpoint. Validated on creation (UserError names the field and what is allowed)."""
+
+    instances: int = 8
+    copies: int | None = None  # per instance; None: the preset's replicas per instance
+    strategy: Strategy = Strategy.PREFIX_AWARE
+    prefix_length: int = 4096  # bytes (the AWS blog's illustrative setting)
+    concurrency_threshold: int = 10  # the AWS blog's illustrative setting
+    cache_tokens: float | None = None  # per copy; None: from the preset; math.inf: unbounded
+    bytes_per_token: float = DEFAULT_BYTES_PER_TOKEN
+    key_offset_bytes: int = 0  # JSON bytes before the prompt in the normalized body
+    block_tokens: float = DEFAULT_BLOCK_TOKENS  # tokens per block id of the requests' `blocks`
+    block_bytes: float | None = None  # bytes per block id, when ids hash bytes (normalizer log)
+    preset: Preset | str = DEFAULT_PRESET
+    seed: int = 0
+    request_overhead_s: float = REQUEST_OVERHEAD_S
+    routing_overhead_s: float | None = None  # None: ROUTING_OVERHEAD_S for PREFIX/KV_AWARE, else 0
+    kv_load_weight_s: float = KV_LOAD_WEIGHT_S
+    timeout_s: float | None = INVOCATION_TIMEOUT_S  # None: never
+
+    def __post_init__(self) -> None:
+        if isinstance(self.preset, str):
+            object.__setattr__(self, "preset", get_preset(self.preset))
+        if isinstance(self.strategy, str) and not isinstance(self.strategy, Strategy):
+            object.__setattr__(self, "strategy", Strategy.parse(self.strategy))
+        if self.copies is None:
+            object.__setattr__(self, "copies", self.preset.replicas)
+        check_int("instances", self.instances, 1, 10_000)
+        check_int("copies", self.copies, 1, 1024)
+        gpus = self.preset.instance.gpus
+        if self.copies * self.preset.tp > gpus:
+            raise UserError(
+                f"copies={self.copies}: {self.preset.name} needs {self.preset.tp} GPUs per copy and "
+                f"{self.preset.instance.name} has {gpus}; at most {gpus // self.preset.tp} copies per instance"
+            )
+        check_int("prefix_length", self.prefix_length, *PREFIX_LENGTH_RANGE)
+        check_int("concurrency_threshold", self.concurrency_threshold, *CONCURRENCY_THRESHOLD_RANGE)
+        if self.cache_tokens is not None and not (self.cache_tokens >= 0):
+            raise UserError(f"cache_tokens={self.cache_tokens}: must be >= 0 or infinite")
+        if not (self.bytes_per_token > 0):
+            raise UserError(f"bytes_per_token={self.bytes_per_token}: must be > 0")
+        if not (self.block_tokens > 0):
+            raise UserError(f"block_tokens={self.block_tokens}: must be > 0")
+        if self.key_offset_bytes < 0:
+            raise UserError(f"key_offset_bytes={self.key_offset_bytes}: must be >= 0")
+
+    @property
+    def total_copies(self) -> int:
+        return self.instances * self.copies
+
+    @property
+    def capacity_tokens(self) -> float:
+        return float(self.preset.kv_tokens) if self.cache_tokens is None else float(self.cache_tokens)
+
+    @property
+    def key_blocks(self) -> int:
+        """Leading blocks that the PrefixLength-byte routing key covers."""
+        return key_blocks(
+            self.prefix_length, self.bytes_per_token, self.block_tokens, self.block_bytes, self.key_offset_bytes
+        )
+
+
+def check_int(name: str, value, low: int, high: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise UserError(f"{name}={value!r}: must be an integer from {low} to {high}")

@@ -1,0 +1,128 @@
+"""Routing as SageMaker does it: the strategies, the PREFIX_AWARE routing key of a request, stable 64-bit hashes."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import math
+from typing import Hashable, Sequence
+from prefix_routing.rules.errors import UserError
+
+
+PREFIX_LENGTH_RANGE = (1024, 65536)  # PrefixAwareRoutingConfig.PrefixLength
+CONCURRENCY_THRESHOLD_RANGE = (1, 1024)  # PrefixAwareRoutingConfig.ConcurrencyThreshold
+
+
+DEFAULT_BYTES_PER_TOKEN = 4.0
+DEFAULT_BLOCK_TOKENS = 512  # the Mooncake trace's block size
+
+
+ROUTING_OVERHEAD_S = 0.0016  # AWS blog: prefix-aware routing added 1.3–1.9 ms
+
+
+_MASK = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15  # 2^64 / golden ratio: Fibonacci hashing
+
+
+class Strategy(str, enum.Enum):
+    RANDOM = "RANDOM"
+    LEAST_OUTSTANDING_REQUESTS = "LEAST_OUTSTANDING_REQUESTS"
+    PREFIX_AWARE = "PREFIX_AWARE"
+    KV_AWARE = "KV_AWARE"
+
+    @classmethod
+    def parse(cls, text: str) -> "Strategy":
+        key = text.strip().upper().replace("-", "_")
+        aliases = {"LOR": "LEAST_OUTSTANDING_REQUESTS", "PREFIX": "PREFIX_AWARE", "KV": "KV_AWARE"}
+        key = aliases.get(key, key)
+        try:
+            return cls(key)
+        except ValueError:
+            raise UserError(
+                f"unknown routing strategy {text!r}; allowed: {', '.join(s.value for s in cls)}"
+            ) from None
+
+
+_PREFIX_AWARE = Strategy.PREFIX_AWARE
+_RANDOM = Strategy.RANDOM
+_LEAST_OUTSTANDING = Strategy.LEAST_OUTSTANDING_REQUESTS
+
+
+def key_blocks(
+    prefix_length: int,
+    bytes_per_token: float = DEFAULT_BYTES_PER_TOKEN,
+    block_tokens: float = DEFAULT_BLOCK_TOKENS,
+    block_bytes: float | None = None,
+    key_offset_bytes: int = 0,
+) -> int:
+    """How many leading blocks a routing key of ``prefix_length`` body bytes covers (0: none)."""
+    size = block_bytes if block_bytes else block_tokens * bytes_per_token
+    prompt_bytes = prefix_length - key_offset_bytes
+    return 0 if prompt_bytes <= 0 else math.ceil(prompt_bytes / size)
+
+
+def routing_key(blocks: Sequence[Hashable], k: int, routing_id: str | None = None) -> Hashable:
+    """The key of a request: the id of its k-th block (chained ids), or its last if shorter."""
+    n = len(blocks)
+    key = blocks[(k if k < n else n) - 1] if n and k else None
+    return key if routing_id is None else (routing_id, key)
+
+
+def stable_hash(value: Hashable) -> int:
+    """A 64-bit hash that is the same in every process (``hash`` of str is salted per process)."""
+    if value is None:
+        return 0x5BD1E995
+    if isinstance(value, int):
+        return value & _MASK
+    if isinstance(value, str):
+        value = value.encode()
+    if isinstance(value, (bytes, bytearray)):
+        return int.from_bytes(hashlib.blake2b(value, digest_size=8).digest(), "little")
+    if isinstance(value, tuple):
+        x = 0x9E3779B97F4A7C15
+        for item in value:
+            x = mix64(x ^ stable_hash(item))
+        return x
+    return stable_hash(repr(value))
+
+
+def mix64(x: int) -> int:
+    """splitmix64's finalizer: a cheap, well-spread 64-bit mix."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def spill_copy(out: Sequence[int], home: int, threshold: int, copies: int) -> int:
+    """Where ConcurrencyThreshold sends a request whose home copy is busy.
+
+    ``out`` is the in-flight count of every copy (``copies`` per instance). Another copy on the home
+    instance below the threshold first (the least loaded, in order from the home copy), then one on
+    another instance (from the next one on); when every copy is at the threshold, the least loaded
+    of all (home on ties).
+    """
+    n, c = len(out), copies
+    base = home - home % c
+    best, best_load = -1, threshold
+    for j in range(1, c):  # other copies on the same instance, in order from the home copy
+        g = base + (home - base + j) % c
+        if out[g] < best_load:
+            best, best_load = g, out[g]
+    if best >= 0:
+        return best
+    instances = n // c
+    for i in range(1, instances):  # other instances, from the next one on
+        b = ((base // c + i) % instances) * c
+        for g in range(b, b + c):
+            if out[g] < best_load:
+                best, best_load = g, out[g]
+    if best >= 0:
+        return best
+    # Every copy is at the threshold: the least loaded of all (home on ties).
+    best, best_load = home, out[home]
+    for j in range(1, n):
+        g = (home + j) % n
+        if out[g] < best_load:
+            best, best_load = g, out[g]
+    return best

@@ -1,0 +1,258 @@
+"""Drive the fleet model over a trace in simulated time and report hit rate, TTFT, throughput and load."""
+
+from __future__ import annotations
+
+import gc
+import math
+from array import array
+from dataclasses import dataclass, field, replace
+from heapq import heappop
+from typing import Sequence
+from prefix_routing.rules.errors import UserError
+from prefix_routing.lab.fleet import Fleet
+from prefix_routing.lab.fleet_config import FleetConfig
+from prefix_routing.lab.routing import Strategy, routing_key
+from prefix_routing.lab.traces import Trace
+
+from prefix_routing.lab.common import _CHUNK, _percentiles, _progress
+
+
+@dataclass
+class SimResult:
+    """One strategy over one trace. ``as_dict`` is what ``simulate --json`` prints."""
+
+    strategy: str
+    config: FleetConfig
+    requests: int
+    hit_rate: float
+    ttft: list  # per request, seconds; a timed-out request counts as the timeout
+    ttft_p50_s: float
+    ttft_p90_s: float
+    ttft_p99_s: float
+    throughput_tok_s: float
+    throughput_req_s: float
+    instance_requests: list[int]
+    instance_prompt_tokens: list[float]
+    instance_hit_rates: list[float]
+    max_mean_requests: float
+    max_mean_tokens: float
+    spills: int
+    timeouts: int
+    hit_over_time: list[tuple[float, float]]  # (bin start s, hit rate)
+    wall_s: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        total_req = sum(self.instance_requests) or 1
+        total_tok = sum(self.instance_prompt_tokens) or 1
+        cfg = self.config
+        return {
+            "strategy": self.strategy,
+            "requests": self.requests,
+            "hit_rate": self.hit_rate,
+            "ttft_p50_s": self.ttft_p50_s,
+            "ttft_p90_s": self.ttft_p90_s,
+            "ttft_p99_s": self.ttft_p99_s,
+            "throughput_tok_s": self.throughput_tok_s,
+            "throughput_req_s": self.throughput_req_s,
+            "max_mean_requests": self.max_mean_requests,
+            "max_mean_tokens": self.max_mean_tokens,
+            "spills": self.spills,
+            "timeouts": self.timeouts,
+            "instance_request_share": [r / total_req for r in self.instance_requests],
+            "instance_token_share": [t / total_tok for t in self.instance_prompt_tokens],
+            "instance_hit_rate": self.instance_hit_rates,
+            "prefix_length": cfg.prefix_length,
+            "key_blocks": cfg.key_blocks,
+            "concurrency_threshold": cfg.concurrency_threshold,
+            "wall_s": self.wall_s,
+        }
+
+
+def config_for_trace(config: FleetConfig, trace: Trace) -> FleetConfig:
+    """The config with the trace's block size (the fleet must know what one block id stands for)."""
+    if config.block_tokens == trace.block_tokens and config.block_bytes == trace.block_bytes:
+        return config
+    return replace(config, block_tokens=trace.block_tokens, block_bytes=trace.block_bytes)
+
+
+def trace_keys(trace: Trace, k: int) -> list:
+    ids = trace.routing_ids
+    if ids:
+        return [routing_key(b, k, rid) for b, rid in zip(trace.blocks, ids)]
+    return [routing_key(b, k) for b in trace.blocks]
+
+
+class Simulator:
+    """Drives one ``Fleet`` in simulated time over one trace, or over consecutive chunks of one.
+
+    ``feed`` may be called repeatedly with chunks whose arrivals continue the previous ones (the
+    benchmark streams a million requests this way without holding them all); ``result`` reports.
+    """
+
+    def __init__(self, config: FleetConfig, *, speed: float = 1.0):
+        if not speed > 0:
+            raise UserError(f"speed={speed}: must be > 0")
+        self.config = config
+        self.fleet = Fleet(config)
+        self.inv = 1.0 / speed
+        self.arrivals = array("d")
+        self.prompts = array("d")
+        self.outputs = array("d")
+        self.firsts = array("d")
+        self.cached = array("d")
+        self.last_finish = 0.0
+        self.wall_s = 0.0
+        self.source = ""
+
+    def feed(self, trace: Trace, *, keys: list | None = None, bar=None) -> float:
+        """Simulate the requests of ``trace``; returns the seconds the loop took."""
+        import time
+
+        config, fleet = self.config, self.fleet
+        n = len(trace)
+        if keys is None:
+            keys = trace_keys(trace, config.key_blocks) if config.strategy is Strategy.PREFIX_AWARE else [None] * n
+        arrivals, prompts, outputs, blocks = trace.arrivals, trace.prompt_tokens, trace.output_tokens, trace.blocks
+        firsts = [0.0] * n
+        cached = [0.0] * n
+        collecting = gc.isenabled()
+        gc.disable()  # the loop makes many small tuples and no cycles: the collector only costs time
+        started = time.perf_counter()
+        try:
+            self._loop(n, keys, arrivals, prompts, outputs, blocks, firsts, cached, bar)
+        finally:
+            wall = time.perf_counter() - started
+            if collecting:
+                gc.enable()
+        self.wall_s += wall
+        self.arrivals.extend(arrivals)
+        self.prompts.extend(prompts)
+        self.outputs.extend(outputs)
+        self.firsts.extend(firsts)
+        self.cached.extend(cached)
+        self.source = self.source or trace.source
+        return wall
+
+    def _loop(self, n, keys, arrivals, prompts, outputs, blocks, firsts, cached, bar) -> None:
+        inv = self.inv
+        fleet = self.fleet
+        place = fleet._place
+        done, out = fleet._done, fleet._out
+        last_finish = self.last_finish
+        for lo in range(0, n, _CHUNK):
+            hi = min(n, lo + _CHUNK)
+            for i in range(lo, hi):
+                now = arrivals[i] * inv
+                while done and done[0][0] <= now:
+                    out[heappop(done)[1]] -= 1
+                r = place(keys[i], blocks[i], prompts[i], outputs[i], now)
+                firsts[i] = r[2]
+                cached[i] = r[1]
+                if r[4] > last_finish:
+                    last_finish = r[4]
+            if bar is not None:
+                bar.update(hi - lo)
+            self.last_finish = last_finish
+
+    def result(self) -> "SimResult":
+        return _result(self)
+
+
+def simulate(
+    trace: Trace,
+    config: FleetConfig,
+    *,
+    speed: float = 1.0,
+    progress: bool | None = False,
+    keys: list | None = None,
+    bar=None,
+) -> SimResult:
+    """Replay ``trace`` through one fleet in simulated time. Deterministic for a config's seed."""
+    sim = Simulator(config_for_trace(config, trace), speed=speed)
+    own_bar = bar is None
+    if own_bar:
+        bar = _progress(len(trace), config.strategy.value, progress)
+    try:
+        sim.feed(trace, keys=keys, bar=bar)
+    finally:
+        if own_bar and bar is not None:
+            bar.close()
+    return sim.result()
+
+
+def _result(sim: Simulator) -> SimResult:
+    import numpy as np
+
+    config, fleet = sim.config, sim.fleet
+    n = len(sim.arrivals)
+    arr = np.frombuffer(sim.arrivals, dtype=float) * sim.inv
+    first = np.frombuffer(sim.firsts, dtype=float)
+    timeout = config.timeout_s if config.timeout_s is not None else math.inf
+    failed = ~np.isfinite(first)
+    ttft = np.where(failed, timeout, first - arr)
+    prompts = np.frombuffer(sim.prompts, dtype=float)
+    cached_arr = np.frombuffer(sim.cached, dtype=float)
+    served_prompt = float(prompts[~failed].sum())
+    hit = float(cached_arr.sum()) / served_prompt if served_prompt else 0.0
+    p = _percentiles(ttft) if n else {"p50": 0.0, "p90": 0.0, "p99": 0.0}
+    rows = fleet.instance_totals()
+    req = [r["requests"] for r in rows]
+    tok = [r["prompt_tokens"] for r in rows]
+    mean_req = sum(req) / len(req) if req else 0
+    mean_tok = sum(tok) / len(tok) if tok else 0
+    span = sim.last_finish - (arr[0] if n else 0.0)
+    outputs = np.frombuffer(sim.outputs, dtype=float)
+    served_out = float(outputs[~failed].sum())
+    served = int((~failed).sum())
+    # Hit rate over time: 60 bins over the trace (at least 1 s each).
+    duration = float(arr[-1] - arr[0]) if n else 0.0
+    bin_s = max(1.0, duration / 60.0)
+    idx = ((arr - arr[0]) // bin_s).astype(int) if n else np.zeros(0, int)
+    bins = int(idx.max()) + 1 if n else 0
+    hit_num = np.bincount(idx, weights=np.where(failed, 0.0, cached_arr), minlength=bins)
+    hit_den = np.bincount(idx, weights=np.where(failed, 0.0, prompts), minlength=bins)
+    over_time = [
+        (float(b * bin_s), float(hit_num[b] / hit_den[b]) if hit_den[b] else 0.0) for b in range(bins)
+    ]
+    return SimResult(
+        strategy=config.strategy.value,
+        config=config,
+        requests=n,
+        hit_rate=hit,
+        ttft=ttft.tolist(),
+        ttft_p50_s=p["p50"],
+        ttft_p90_s=p["p90"],
+        ttft_p99_s=p["p99"],
+        throughput_tok_s=served_out / span if span > 0 else 0.0,
+        throughput_req_s=served / span if span > 0 else 0.0,
+        instance_requests=req,
+        instance_prompt_tokens=tok,
+        instance_hit_rates=[r["hit_rate"] for r in rows],
+        max_mean_requests=max(req) / mean_req if mean_req else 0.0,
+        max_mean_tokens=max(tok) / mean_tok if mean_tok else 0.0,
+        spills=fleet.spills,
+        timeouts=fleet.timeouts,
+        hit_over_time=over_time,
+        wall_s=sim.wall_s,
+    )
+
+
+def simulate_many(
+    trace: Trace,
+    config: FleetConfig,
+    strategies: Sequence[Strategy],
+    *,
+    speed: float = 1.0,
+    progress: bool | None = None,
+) -> list[SimResult]:
+    """The same trace and fleet under each strategy, with one progress bar for all."""
+    bar = _progress(len(trace) * len(strategies), "simulate", progress)
+    try:
+        return [
+            simulate(trace, replace(config, strategy=s), speed=speed, bar=bar)
+            for s in strategies
+        ]
+    finally:
+        if bar is not None:
+            bar.close()

@@ -1,0 +1,162 @@
+"""The PREFIX_AWARE grid over PrefixLength and ConcurrencyThreshold, its frontier, a recommendation and the config snippet."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Sequence
+from prefix_routing.rules.errors import UserError
+from prefix_routing.lab.routing import CONCURRENCY_THRESHOLD_RANGE, PREFIX_LENGTH_RANGE, Strategy
+from prefix_routing.lab.fleet_config import FleetConfig
+from prefix_routing.lab.traces import Trace
+
+from prefix_routing.lab.common import CANDIDATE_PREFIX_LENGTHS, CANDIDATE_THRESHOLDS, _progress
+from prefix_routing.lab.simulate import SimResult, config_for_trace, simulate, trace_keys
+
+
+def tune(
+    trace: Trace,
+    config: FleetConfig,
+    *,
+    prefix_lengths: Sequence[int] = CANDIDATE_PREFIX_LENGTHS,
+    thresholds: Sequence[int] = CANDIDATE_THRESHOLDS,
+    baselines: Sequence[Strategy] = (Strategy.RANDOM, Strategy.LEAST_OUTSTANDING_REQUESTS),
+    max_imbalance: float = 1.2,
+    hit_tolerance: float = 0.05,
+    speed: float = 1.0,
+    progress: bool | None = None,
+) -> dict:
+    """Sweep PREFIX_AWARE over PrefixLength × ConcurrencyThreshold, plus baseline strategies.
+
+    Recommendation: among the PREFIX_AWARE points whose max/mean requests per instance is at most
+    ``max_imbalance`` and whose hit rate is within ``hit_tolerance`` (relative) of the best hit rate
+    found, the one with the lowest P50 TTFT (ties: higher hit rate, lower imbalance, shorter
+    PrefixLength, then the lowest threshold: of settings that behave alike on the trace, the one
+    that caps a hot copy's queue soonest). PrefixLengths that key the same number of blocks behave
+    identically and are simulated once.
+    """
+    for pl in prefix_lengths:
+        if not PREFIX_LENGTH_RANGE[0] <= pl <= PREFIX_LENGTH_RANGE[1]:
+            raise UserError(f"prefix length {pl}: must be from {PREFIX_LENGTH_RANGE[0]} to {PREFIX_LENGTH_RANGE[1]}")
+    for t in thresholds:
+        if not CONCURRENCY_THRESHOLD_RANGE[0] <= t <= CONCURRENCY_THRESHOLD_RANGE[1]:
+            raise UserError(
+                f"concurrency threshold {t}: must be from {CONCURRENCY_THRESHOLD_RANGE[0]} to {CONCURRENCY_THRESHOLD_RANGE[1]}"
+            )
+    config = config_for_trace(config, trace)
+    prefix_lengths = sorted(set(prefix_lengths))
+    thresholds = sorted(set(thresholds))
+    by_blocks: dict[int, int] = {}
+    for pl in prefix_lengths:
+        k = replace(config, prefix_length=pl).key_blocks
+        by_blocks.setdefault(k, pl)
+    runs = len(by_blocks) * len(thresholds) + len(baselines)
+    bar = _progress(len(trace) * runs, "tune", progress)
+    points = []
+    try:
+        baseline_rows = []
+        for s in baselines:
+            r = simulate(trace, replace(config, strategy=s), speed=speed, bar=bar)
+            baseline_rows.append(_point(r, None))
+        cache: dict[tuple[int, int], SimResult] = {}
+        for k, pl in by_blocks.items():
+            keys = trace_keys(trace, k)
+            for t in thresholds:
+                cfg = replace(config, strategy=Strategy.PREFIX_AWARE, prefix_length=pl, concurrency_threshold=t)
+                cache[(k, t)] = simulate(trace, cfg, speed=speed, keys=keys, bar=bar)
+        for pl in prefix_lengths:
+            k = replace(config, prefix_length=pl).key_blocks
+            for t in thresholds:
+                points.append(_point(cache[(k, t)], pl))
+    finally:
+        if bar is not None:
+            bar.close()
+    best_hit = max(p["hit_rate"] for p in points)
+    eligible = [
+        p for p in points
+        if p["max_mean_requests"] <= max_imbalance and p["hit_rate"] >= (1 - hit_tolerance) * best_hit
+    ]
+    note = None
+    if not eligible:
+        eligible = [p for p in points if p["max_mean_requests"] <= max_imbalance]
+        note = f"no setting keeps the hit rate within {hit_tolerance:.0%} of the best under the imbalance bound"
+    if not eligible:
+        eligible = points
+        note = f"no setting keeps max/mean requests per instance at or under {max_imbalance}; least imbalanced shown"
+        eligible = sorted(points, key=lambda p: p["max_mean_requests"])[:1]
+    best = min(
+        eligible,
+        key=lambda p: (
+            round(p["ttft_p50_s"], 4),
+            -round(p["hit_rate"], 4),
+            round(p["max_mean_requests"], 3),
+            p["prefix_length"],
+            p["concurrency_threshold"],
+        ),
+    )
+    frontier = _frontier(points)
+    return {
+        "source": trace.source,
+        "requests": len(trace),
+        "instances": config.instances,
+        "copies": config.copies,
+        "preset": config.preset.name,
+        "max_imbalance": max_imbalance,
+        "hit_tolerance": hit_tolerance,
+        "best_hit_rate": best_hit,
+        "baselines": baseline_rows,
+        "points": points,
+        "frontier": frontier,
+        "recommendation": best,
+        "note": note,
+        "snippet": config_snippet(best["prefix_length"], best["concurrency_threshold"]),
+        "prefix_lengths": prefix_lengths,
+        "thresholds": thresholds,
+    }
+
+
+def _point(r: SimResult, prefix_length: int | None) -> dict:
+    return {
+        "strategy": r.strategy,
+        "prefix_length": prefix_length,
+        "key_blocks": r.config.key_blocks if prefix_length else None,
+        "concurrency_threshold": r.config.concurrency_threshold if prefix_length else None,
+        "hit_rate": r.hit_rate,
+        "ttft_p50_s": r.ttft_p50_s,
+        "ttft_p90_s": r.ttft_p90_s,
+        "ttft_p99_s": r.ttft_p99_s,
+        "max_mean_requests": r.max_mean_requests,
+        "spills": r.spills,
+        "timeouts": r.timeouts,
+    }
+
+
+def _frontier(points: list[dict]) -> list[dict]:
+    """Points no other point beats on all of: higher hit rate, lower P50 TTFT, lower imbalance."""
+
+    def dominated(p, q):
+        return (
+            q["hit_rate"] >= p["hit_rate"]
+            and q["ttft_p50_s"] <= p["ttft_p50_s"]
+            and q["max_mean_requests"] <= p["max_mean_requests"]
+            and (q["hit_rate"], -q["ttft_p50_s"], -q["max_mean_requests"])
+            != (p["hit_rate"], -p["ttft_p50_s"], -p["max_mean_requests"])
+        )
+
+    front = [p for p in points if not any(dominated(p, q) for q in points)]
+    seen, unique = set(), []
+    for p in sorted(front, key=lambda p: (p["max_mean_requests"], p["ttft_p50_s"])):
+        key = (round(p["hit_rate"], 6), round(p["ttft_p50_s"], 6), round(p["max_mean_requests"], 6))
+        if key not in seen:
+            seen.add(key)
+            unique.append(p)
+    return unique
+
+
+def config_snippet(prefix_length: int, threshold: int) -> str:
+    """The ``[routing]`` table of a stage file under ``config/`` (see prefix_routing/config.py)."""
+    return (
+        "[routing]\n"
+        'strategy = "PREFIX_AWARE"\n'
+        f"prefix_length = {prefix_length}\n"
+        f"concurrency_threshold = {threshold}\n"
+    )

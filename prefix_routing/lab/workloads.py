@@ -1,0 +1,85 @@
+"""Synthetic workloads: a reconstruction of AWS's long-context benchmark."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from prefix_routing.rules.errors import UserError
+from prefix_routing.lab.fleet_config import FleetConfig
+from prefix_routing.lab.traces import Trace
+
+
+@dataclass(frozen=True)
+class LongContextSpec:
+    """AWS's long-context benchmark, reconstructed (fleet-presets.md, "Rebuilding ...").
+
+    The blog published only relative results; these are the reconstruction's inferences: distinct
+    8,000-token prefixes of equal popularity, several times what one p5 replica caches, a unique
+    suffix of 1.5–1.8k tokens per request, 100–300 output tokens, light Poisson arrivals for an hour,
+    7 × ml.p5.48xlarge with Llama 3.1 70B TP8, PrefixLength 4096 and ConcurrencyThreshold 10.
+
+    Calibrated: the reconstruction suggests about 700 prefixes (≈ 4× the ≈175 prefixes one replica
+    holds), but each request's unique suffix also takes cache space, so with 700 RANDOM keeps only
+    ≈16 % of tokens in this model. 450 prefixes reproduce the blog's ≈25 % (docs/lab.md).
+    """
+
+    prefixes: int = 450
+    prefix_tokens: int = 8000
+    suffix_tokens: tuple[int, int] = (1500, 1800)
+    output_tokens: tuple[int, int] = (100, 300)
+    rate_rps: float = 3.0
+    duration_s: float = 3600.0
+    block_tokens: int = 250  # 8,000 = 32 whole blocks; 16 would match vLLM but cost 40× the memory
+    instances: int = 7
+    preset: str = "p5.48xlarge-llama3.1-70b"
+    prefix_length: int = 4096
+    concurrency_threshold: int = 10
+
+    def fleet_config(self, **overrides) -> FleetConfig:
+        values = dict(
+            instances=self.instances,
+            preset=self.preset,
+            prefix_length=self.prefix_length,
+            concurrency_threshold=self.concurrency_threshold,
+            block_tokens=self.block_tokens,
+        )
+        values.update(overrides)
+        return FleetConfig(**values)
+
+
+def long_context_workload(spec: LongContextSpec = LongContextSpec(), *, seed: int = 0) -> Trace:
+    """Generate the long-context workload: Poisson arrivals, uniform prefix choice, unique suffixes."""
+    rng = random.Random(seed)
+    bt = spec.block_tokens
+    prefix_blocks = math.ceil(spec.prefix_tokens / bt)
+    if spec.prefix_tokens % bt:
+        raise UserError(f"prefix_tokens {spec.prefix_tokens} must be a multiple of block_tokens {bt}")
+    # Prefix p is blocks [p*prefix_blocks, (p+1)*prefix_blocks): chained ids, one chain per prefix.
+    next_id = spec.prefixes * prefix_blocks
+    arrivals, prompts, outputs, blocks = [], [], [], []
+    t = 0.0
+    while True:
+        t += rng.expovariate(spec.rate_rps)
+        if t > spec.duration_s:
+            break
+        p = rng.randrange(spec.prefixes)
+        suffix = rng.randint(*spec.suffix_tokens)
+        suffix_blocks = math.ceil(suffix / bt)
+        ids = list(range(p * prefix_blocks, (p + 1) * prefix_blocks))
+        ids.extend(range(next_id, next_id + suffix_blocks))
+        next_id += suffix_blocks
+        arrivals.append(t)
+        prompts.append(spec.prefix_tokens + suffix)
+        outputs.append(rng.randint(*spec.output_tokens))
+        blocks.append(ids)
+    if not arrivals:
+        raise UserError("the long-context workload is empty: raise rate_rps or duration_s")
+    t0 = arrivals[0]
+    return Trace(
+        [a - t0 for a in arrivals], prompts, outputs, blocks, block_tokens=bt,
+        source=f"long-context workload (seed {seed})", lines=len(arrivals),
+    )
+
+
+WORKLOADS = {"long-context": (LongContextSpec, long_context_workload)}

@@ -1,0 +1,247 @@
+"""The HTTP targets: an OpenAI-compatible server, and the normalizer's Lambda Function URL (SigV4 or bearer)."""
+
+from __future__ import annotations
+
+import http.client
+import inspect
+import json
+import os
+import threading
+import time
+from typing import Any
+from urllib.parse import urlsplit
+from prefix_routing.rules.errors import UserError
+
+from prefix_routing.loadtest.stream import (
+    Attempt,
+    StreamParser,
+    _ERROR_BODY_LIMIT,
+    _FRONT_DOOR_KINDS,
+    _classify_http,
+    _describe,
+    _exception_kind,
+    _expects_usage,
+)
+
+
+class _HttpTarget:
+    """A streaming POST with ``http.client`` over a pool of kept-alive connections."""
+
+    name = "http"
+
+    def __init__(self, url: str, *, timeout: float = 120.0, headers: dict[str, str] | None = None):
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise UserError(f"--url {url!r}: expected an http:// or https:// URL")
+        self.url = url
+        self.scheme = parts.scheme
+        self.host = parts.hostname
+        self.port = parts.port
+        self.netloc = parts.netloc
+        self.path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self.timeout = timeout
+        self.headers = dict(headers or {})
+        self._idle: list[http.client.HTTPConnection] = []  # kept-alive connections, most recent last
+        self._lock = threading.Lock()
+        self.connections_opened = 0
+
+    def _acquire(self) -> tuple[http.client.HTTPConnection, bool]:
+        """(a connection, whether it was used before)."""
+        with self._lock:
+            if self._idle:
+                return self._idle.pop(), True
+            self.connections_opened += 1
+        cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
+        return cls(self.host, self.port, timeout=self.timeout), False
+
+    def _release(self, conn: http.client.HTTPConnection, reusable: bool) -> None:
+        if reusable:
+            with self._lock:
+                self._idle.append(conn)
+        else:
+            conn.close()
+
+    def request_headers(self, body: bytes) -> dict[str, str]:
+        return {"Content-Type": "application/json", "Accept": "text/event-stream, application/json", **self.headers}
+
+    def classify_error(self, status: int, payload: bytes) -> tuple[str, str]:
+        code = None
+        message = payload[:300].decode("utf-8", "replace")
+        try:
+            data = json.loads(payload)
+        except ValueError:
+            data = None
+        if isinstance(data, dict):
+            error = data.get("error", data)
+            if isinstance(error, dict):
+                code = error.get("code") or error.get("type") or error.get("__type")
+                message = error.get("message") or error.get("Message") or message
+            elif isinstance(error, str):
+                code = data.get("code") if isinstance(data.get("code"), str) else error
+                message = data.get("message") or message
+        code = code if isinstance(code, str) else None
+        kind = _FRONT_DOOR_KINDS.get(code or "") or _classify_http(status, code)
+        if kind.startswith("http_") and code and "throttl" in code.lower():
+            kind = "throttled"
+        if kind.startswith("http_") and code and code.lower() in ("modelerror", "model_error"):
+            kind = "model_error"
+        return kind, f"{status} {code + ': ' if code else ''}{message}".strip()
+
+    def send(self, body: bytes) -> Attempt:
+        attempt = Attempt()
+        parser = StreamParser()
+        expect_usage = _expects_usage(body)
+        call_start = time.perf_counter()
+        headers = self.request_headers(body)
+        start = time.perf_counter()
+        attempt.client_overhead_s = start - call_start
+        conn, reused = self._acquire()
+        reusable = False
+        try:
+            try:
+                conn.request("POST", self.path, body=body, headers=headers)
+                response = conn.getresponse()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                if not reused:
+                    raise
+                # A kept-alive connection the server had closed meanwhile: once more on a fresh one.
+                conn.close()
+                with self._lock:
+                    self.connections_opened += 1
+                conn = type(conn)(self.host, self.port, timeout=self.timeout)
+                start = time.perf_counter()
+                conn.request("POST", self.path, body=body, headers=headers)
+                response = conn.getresponse()
+            attempt.status = response.status
+            attempt.request_id = response.getheader("x-amzn-RequestId") or response.getheader("x-request-id")
+            if response.status >= 400:
+                payload = response.read(_ERROR_BODY_LIMIT)
+                attempt.kind, attempt.detail = self.classify_error(response.status, payload)
+                reusable = not response.will_close and response.isclosed()
+                return attempt
+            while True:
+                data = response.read1(65536)
+                if not data:
+                    break
+                if attempt.ttft_s is None:
+                    attempt.ttft_s = time.perf_counter() - start
+                attempt.bytes_received += len(data)
+                parser.feed(data)
+            reusable = not response.will_close
+        except Exception as error:
+            attempt.kind, attempt.detail = _exception_kind(error), _describe(error)
+        finally:
+            attempt.e2e_s = time.perf_counter() - start
+            self._release(conn, reusable)
+        return attempt.finish(parser, expect_usage)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+class OpenAITarget(_HttpTarget):
+    """An OpenAI-compatible chat-completions URL (SSE), with a bearer token.
+
+    ``url``: the full ``.../chat/completions`` URL; a URL ending in ``/v1`` gets ``/chat/completions``
+    appended. ``token``: the bearer token; when ``None``, the ``sagemaker`` SDK's token generator
+    (``sagemaker.core.token_generator.generate_token``) makes one for ``region`` (SageMaker's
+    OpenAI-compatible API).
+    """
+
+    name = "openai"
+
+    def __init__(self, url: str, *, token: str | None = None, region: str | None = None, timeout: float = 120.0,
+                 headers: dict[str, str] | None = None):
+        if url.rstrip("/").endswith("/v1"):
+            url = url.rstrip("/") + "/chat/completions"
+        super().__init__(url, timeout=timeout, headers=headers)
+        self.token = token if token else sagemaker_bearer_token(region or _region_from_host(self.host))
+        self.description = f"openai-compatible {url}"
+
+    def request_headers(self, body: bytes) -> dict[str, str]:
+        return {**super().request_headers(body), "Authorization": f"Bearer {self.token}"}
+
+
+def _region_from_host(host: str) -> str | None:
+    # runtime.sagemaker.<region>.amazonaws.com / <id>.lambda-url.<region>.on.aws
+    parts = host.split(".")
+    for marker in ("sagemaker", "lambda-url"):
+        if marker in parts:
+            i = parts.index(marker)
+            if i + 1 < len(parts):
+                return parts[i + 1]
+    return None
+
+
+def sagemaker_bearer_token(region: str | None) -> str:
+    """A short-lived bearer token for SageMaker's OpenAI-compatible API, from the ``sagemaker`` SDK.
+
+    The SDK is imported only here; its absence is a :class:`UserError` naming the package.
+    """
+    try:
+        from sagemaker.core.token_generator import generate_token  # type: ignore[import-not-found]
+    except ImportError:
+        raise UserError(
+            "the openai target needs a bearer token: pass --token, or install the SageMaker Python SDK "
+            "('pip install sagemaker', module sagemaker.core.token_generator) to generate one"
+        ) from None
+    region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    kwargs: dict[str, Any] = {}
+    try:
+        accepted = inspect.signature(generate_token).parameters
+    except (TypeError, ValueError):  # pragma: no cover
+        accepted = {}
+    if region and ("region" in accepted or not accepted):
+        kwargs["region"] = region
+    try:
+        token = generate_token(**kwargs)
+    except Exception as error:
+        raise UserError(f"sagemaker.core.token_generator.generate_token failed: {_describe(error)}") from None
+    if not isinstance(token, str) or not token:
+        raise UserError("sagemaker.core.token_generator.generate_token returned no token")
+    return token
+
+
+class LambdaUrlTarget(_HttpTarget):
+    """The normalizer's Function URL, each request SigV4-signed for service ``lambda``."""
+
+    name = "lambda-url"
+
+    def __init__(self, url: str, *, region: str | None = None, profile: str | None = None, timeout: float = 120.0,
+                 headers: dict[str, str] | None = None, credentials: Any = None):
+        super().__init__(url, timeout=timeout, headers=headers)
+        try:
+            import boto3
+            from botocore.auth import SigV4Auth
+            from botocore.awsrequest import AWSRequest
+            from botocore.exceptions import ProfileNotFound
+        except ImportError as error:  # pragma: no cover
+            raise UserError(f"the lambda-url target needs botocore: {error}") from None
+        self._SigV4Auth, self._AWSRequest = SigV4Auth, AWSRequest
+        if credentials is None:
+            try:
+                session = boto3.Session(profile_name=profile) if profile else boto3.Session()
+            except ProfileNotFound as error:
+                raise UserError(str(error)) from None
+            credentials = session.get_credentials()
+            region = region or _region_from_host(self.host) or session.region_name
+        else:
+            region = region or _region_from_host(self.host)
+        if credentials is None:
+            raise UserError("no AWS credentials found to sign requests to the Function URL")
+        if not region:
+            raise UserError("the lambda-url target needs --region (not found in the URL)")
+        self.credentials = credentials
+        self.region = region
+        self.description = f"lambda function url {url}"
+
+    def request_headers(self, body: bytes) -> dict[str, str]:
+        headers = {**super().request_headers(body), "Host": self.netloc}
+        frozen = self.credentials.get_frozen_credentials() if hasattr(self.credentials, "get_frozen_credentials") \
+            else self.credentials
+        request = self._AWSRequest(method="POST", url=self.url, data=body, headers=headers)
+        self._SigV4Auth(frozen, "lambda", self.region).add_auth(request)
+        return dict(request.headers.items())
