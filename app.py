@@ -7,7 +7,7 @@ import sys
 
 from aws_cdk import App
 
-from prefix_routing.config import DEFAULT_STAGE, ConfigError, load_stage
+from prefix_routing.stage.config import DEFAULT_STAGE, ConfigError, load_stage
 from stacks.app_builder import add_security_checks, build_stage
 
 
