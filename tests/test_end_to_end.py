@@ -15,13 +15,13 @@ import pytest
 from botocore.config import Config
 
 from prefix_routing import frontdoor
-from prefix_routing.stage.config import load_stage
 from prefix_routing.cli.demo_run import long_context_items
+from prefix_routing.emulator.faults import Faults
 from prefix_routing.emulator.fleet_backend import start_emulator
 from prefix_routing.loadtest import SageMakerTarget, run_load, summarize
 from prefix_routing.rules.settings import NormalizerSettings
-from prefix_routing.emulator.faults import Faults
-from tests.lambda_normalizer.conftest import Lines, url_event
+from prefix_routing.stage.config import load_stage
+from tests.prefix_routing.frontdoor.conftest import Lines, url_event
 
 FAULTS = {
     # fault spec -> the kinds a request failed by it may be reported as

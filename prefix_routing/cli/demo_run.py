@@ -28,11 +28,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from prefix_routing.lab import bodies
-from prefix_routing.stage.config import DEFAULT_STAGE_DATA, StageConfig, parse_stage
-from prefix_routing.rules.errors import UserError
 from prefix_routing.lab.workloads import LongContextSpec, long_context_workload
 from prefix_routing.loadtest import BodyPreparer, SageMakerTarget, WorkItem, run_load, summarize, trace_requests
+from prefix_routing.rules.errors import UserError
 from prefix_routing.rules.settings import NormalizerSettings
+from prefix_routing.stage.config import DEFAULT_STAGE_DATA, StageConfig, parse_stage
 
 CONVERSATION_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "conversation_trace.jsonl"
 STRATEGIES = ("RANDOM", "PREFIX_AWARE")

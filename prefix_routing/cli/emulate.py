@@ -23,9 +23,9 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from prefix_routing.stage.config import ConfigError, load_stage
-    from prefix_routing.emulator.fleet_backend import start_emulator
     from prefix_routing.emulator.faults import Faults
+    from prefix_routing.emulator.fleet_backend import start_emulator
+    from prefix_routing.stage.config import ConfigError, load_stage
 
     try:
         config = load_stage(args.stage)

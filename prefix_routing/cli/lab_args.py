@@ -5,14 +5,13 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from prefix_routing.rules.errors import UserError
-from prefix_routing.lab.routing import CONCURRENCY_THRESHOLD_RANGE, PREFIX_LENGTH_RANGE, Strategy
-from prefix_routing.lab.fleet_config import FleetConfig
-from prefix_routing.lab.traces import Trace
 
 from prefix_routing.lab.common import CANDIDATE_PREFIX_LENGTHS, CANDIDATE_THRESHOLDS
-from prefix_routing.lab.workloads import LongContextSpec, WORKLOADS
-
+from prefix_routing.lab.fleet_config import FleetConfig
+from prefix_routing.lab.routing import CONCURRENCY_THRESHOLD_RANGE, PREFIX_LENGTH_RANGE, Strategy
+from prefix_routing.lab.traces import Trace
+from prefix_routing.lab.workloads import WORKLOADS, LongContextSpec
+from prefix_routing.rules.errors import UserError
 
 # Shared by commands/analyze.py, simulate.py and tune.py (argparse only; no behaviour of its own).
 

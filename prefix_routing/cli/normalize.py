@@ -12,11 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from prefix_routing.rules.errors import UserError
-from prefix_routing.rules.constants import PREFIX_LENGTH_MAX, PREFIX_LENGTH_MIN
-from prefix_routing.rules.errors import NormalizationError, SettingsError
-from prefix_routing.rules.settings import NormalizerSettings
 from prefix_routing.rules.body import normalize_body
+from prefix_routing.rules.constants import PREFIX_LENGTH_MAX, PREFIX_LENGTH_MIN
+from prefix_routing.rules.errors import NormalizationError, SettingsError, UserError
+from prefix_routing.rules.settings import NormalizerSettings
 
 HELP = "write the canonical (prefix-stable) form of a request body to standard output"
 

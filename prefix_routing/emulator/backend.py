@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from prefix_routing.emulator.protocol import ERROR_STATUS, RuntimeRequest, STREAM_ERROR_KINDS
+from prefix_routing.emulator.protocol import ERROR_STATUS, STREAM_ERROR_KINDS, RuntimeRequest
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from prefix_routing.emulator.backend import BackendResponse, ErrorReply
-from prefix_routing.emulator.protocol import _log_stream_arn
-from prefix_routing.emulator.protocol import RuntimeRequest
-
+from prefix_routing.emulator.protocol import RuntimeRequest, _log_stream_arn
 
 #: The last server-sent event of an OpenAI-style stream.
 SSE_DONE = b"data: [DONE]\n\n"

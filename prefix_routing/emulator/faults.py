@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, fields
 from typing import Any
-from prefix_routing.rules.errors import UserError
 
 from prefix_routing.emulator.protocol import ERROR_STATUS, STREAM_ERROR_KINDS
+from prefix_routing.rules.errors import UserError
 
 
 @dataclass(frozen=True)

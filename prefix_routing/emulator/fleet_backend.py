@@ -29,15 +29,15 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from prefix_routing.stage.config import StageConfig
-from prefix_routing.rules.errors import UserError
+from prefix_routing.emulator.backend import BackendResponse, ErrorReply
+from prefix_routing.emulator.chat import chat_response, parse_chat_request
+from prefix_routing.emulator.protocol import RuntimeRequest
 from prefix_routing.lab.fleet import Fleet, Request
 from prefix_routing.lab.fleet_config import FleetConfig
+from prefix_routing.rules.errors import UserError
 from prefix_routing.rules.identity import block_hashes
+from prefix_routing.stage.config import StageConfig
 from prefix_routing.stage.presets import INSTANCES, PRESETS, Preset
-from prefix_routing.emulator.backend import BackendResponse, ErrorReply
-from prefix_routing.emulator.protocol import RuntimeRequest
-from prefix_routing.emulator.chat import chat_response, parse_chat_request
 
 BYTES_PER_TOKEN = 4.0
 BLOCK_BYTES = 64  # 16 tokens: vLLM's KV block (and the size of a SHA-512 digest, the salt block)

@@ -11,23 +11,23 @@ from urllib.parse import unquote, urlsplit
 
 from prefix_routing.emulator.backend import BackendResponse, ErrorReply
 from prefix_routing.emulator.faults import _Plan
+from prefix_routing.emulator.http_io import HttpIO, _Disconnected
+from prefix_routing.emulator.openai_wire import OpenAIWire
 from prefix_routing.emulator.protocol import (
+    _COMPONENT_RE,
+    _NAME_RE,
+    _PRINTABLE_ID_RE,
+    _SESSION_RE,
     MAX_BODY_BYTES,
     OP_CHAT_COMPLETIONS,
     OP_INVOKE,
     OP_INVOKE_STREAM,
     RequestHeaders,
     RuntimeRequest,
-    _COMPONENT_RE,
-    _NAME_RE,
-    _PRINTABLE_ID_RE,
-    _SESSION_RE,
+    _log_stream_arn,
     _route,
 )
 from prefix_routing.emulator.recording import RecordedRequest
-from prefix_routing.emulator.http_io import HttpIO, _Disconnected
-from prefix_routing.emulator.openai_wire import OpenAIWire
-from prefix_routing.emulator.protocol import _log_stream_arn
 from prefix_routing.emulator.sagemaker_wire import SageMakerWire
 
 

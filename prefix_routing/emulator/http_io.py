@@ -6,10 +6,9 @@ from __future__ import annotations
 import contextlib
 import socket
 from http.server import BaseHTTPRequestHandler
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefix_routing.emulator.protocol import _READ_LIMIT
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from prefix_routing.emulator.server import RuntimeServer

@@ -7,7 +7,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-
 OP_INVOKE = "InvokeEndpoint"
 OP_INVOKE_STREAM = "InvokeEndpointWithResponseStream"
 #: Our name for the OpenAI-compatible chat-completions call (not a boto3 operation).

@@ -10,8 +10,8 @@ import socket
 import time
 import uuid
 from typing import Any
-from prefix_routing.emulator import eventstream
 
+from prefix_routing.emulator import eventstream
 from prefix_routing.emulator.backend import BackendResponse, ErrorReply, StreamFailure
 from prefix_routing.emulator.faults import _Plan
 from prefix_routing.emulator.protocol import OP_INVOKE, RuntimeRequest

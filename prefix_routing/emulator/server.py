@@ -83,7 +83,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from http.server import ThreadingHTTPServer
 from typing import Any
-from prefix_routing.rules.errors import UserError
 
 from prefix_routing.emulator.backend import Backend
 from prefix_routing.emulator.echo_backend import EchoBackend
@@ -91,6 +90,7 @@ from prefix_routing.emulator.faults import Faults, _Plan, _plan
 from prefix_routing.emulator.handler import _Handler
 from prefix_routing.emulator.protocol import RuntimeRequest
 from prefix_routing.emulator.recording import RecordedRequest
+from prefix_routing.rules.errors import UserError
 
 
 def is_loopback_host(host: str) -> bool:

@@ -7,8 +7,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
-from prefix_routing.rules.settings import NormalizerSettings
 
+from prefix_routing.rules.settings import NormalizerSettings
 
 #: The tenant of every request when the tenancy mode is ``none``.
 SHARED_TENANT: Final = "shared"

@@ -9,12 +9,12 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prefix_routing.frontdoor.config import InvokeConfig, JSON_HEADERS, _STATUS_CLIENT_CLOSED
+from prefix_routing.frontdoor.config import _STATUS_CLIENT_CLOSED, JSON_HEADERS, InvokeConfig
 from prefix_routing.frontdoor.prepare import prepare
 from prefix_routing.frontdoor.record import RequestRecord, Telemetry
 from prefix_routing.frontdoor.request import FrontRequest, RequestError
 from prefix_routing.frontdoor.stream import StreamReader
-from prefix_routing.frontdoor.upstream import Upstream, _Opened, _close_body, _jitter
+from prefix_routing.frontdoor.upstream import Upstream, _close_body, _jitter, _Opened
 from prefix_routing.frontdoor.upstream_errors import UpstreamError, _one_line, classify_error
 
 

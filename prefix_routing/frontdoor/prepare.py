@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from prefix_routing.rules.errors import NormalizationError
-from prefix_routing.rules.body import Normalized, normalize_body
-from prefix_routing.rules.identity import RoutingIdentity, routing_identity
 
 from prefix_routing.frontdoor.config import InvokeConfig
 from prefix_routing.frontdoor.request import FrontRequest, RequestError
 from prefix_routing.frontdoor.tenancy import identify_tenant
+from prefix_routing.rules.body import Normalized, normalize_body
+from prefix_routing.rules.errors import NormalizationError
+from prefix_routing.rules.identity import RoutingIdentity, routing_identity
 
 
 @dataclass(frozen=True, slots=True)

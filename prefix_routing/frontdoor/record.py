@@ -8,12 +8,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
+
+from prefix_routing.frontdoor.config import InvokeConfig
 from prefix_routing.rules import telemetry
-
-from prefix_routing.frontdoor.config import (
-    InvokeConfig,
-)
-
 
 #: Extra fields of the request log line (informational; no alarm, query or reader depends on them).
 LOG_REQUEST_ID: Final = "request_id"

@@ -7,11 +7,11 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from prefix_routing.frontdoor.config import (
-    InvokeConfig,
-    SHARED_TENANT,
     _APPLICATION_CHARS,
     _MAX_HEADER_VALUE,
     _TENANT_CHARS,
+    SHARED_TENANT,
+    InvokeConfig,
 )
 from prefix_routing.frontdoor.request import FrontRequest, RequestError
 

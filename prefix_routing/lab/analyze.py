@@ -5,9 +5,6 @@ from __future__ import annotations
 import math
 from collections import Counter
 from typing import Iterable
-from prefix_routing.rules.errors import UserError
-from prefix_routing.lab.routing import PREFIX_LENGTH_RANGE, key_blocks, routing_key
-from prefix_routing.lab.traces import Trace
 
 from prefix_routing.lab.common import (
     CANDIDATE_PREFIX_LENGTHS,
@@ -16,6 +13,9 @@ from prefix_routing.lab.common import (
     SPREAD_SHARE,
     _distribution,
 )
+from prefix_routing.lab.routing import PREFIX_LENGTH_RANGE, key_blocks, routing_key
+from prefix_routing.lab.traces import Trace
+from prefix_routing.rules.errors import UserError
 
 
 def key_groups(trace: Trace, k: int) -> tuple[int, float]:

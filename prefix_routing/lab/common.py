@@ -6,7 +6,6 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-
 CANDIDATE_PREFIX_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 CANDIDATE_THRESHOLDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
 KEY_GROUP_BLOCKS = (1, 2, 4, 8, 16, 32)

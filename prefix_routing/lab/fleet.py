@@ -109,26 +109,25 @@ from dataclasses import dataclass
 from heapq import heappop, heappush
 from itertools import repeat as _repeat
 from typing import Hashable, Sequence
-from prefix_routing.rules.errors import UserError
 
-from prefix_routing.lab.fleet_config import FleetConfig
 from prefix_routing.lab.engine_model import EngineModel
+from prefix_routing.lab.fleet_config import FleetConfig
 from prefix_routing.lab.fleet_stats import CopyStats, instance_totals
 from prefix_routing.lab.latency import LatencyModel
 from prefix_routing.lab.routing import (
-    ROUTING_OVERHEAD_S,
-    Strategy,
     _GOLDEN,
     _LEAST_OUTSTANDING,
     _MASK,
     _PREFIX_AWARE,
     _RANDOM,
+    ROUTING_OVERHEAD_S,
+    Strategy,
     mix64,
     routing_key,
     spill_copy,
     stable_hash,
 )
-
+from prefix_routing.rules.errors import UserError
 
 _consume = deque(maxlen=0).extend  # runs an iterator to its end in C
 _NONES = _repeat(None)  # endless; map() stops at the shorter iterable

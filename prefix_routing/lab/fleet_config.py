@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from prefix_routing.rules.errors import UserError
-from prefix_routing.stage.presets import DEFAULT_PRESET, Preset, get_preset
 
 from prefix_routing.lab.routing import (
     CONCURRENCY_THRESHOLD_RANGE,
@@ -14,7 +12,8 @@ from prefix_routing.lab.routing import (
     Strategy,
     key_blocks,
 )
-
+from prefix_routing.rules.errors import UserError
+from prefix_routing.stage.presets import DEFAULT_PRESET, Preset, get_preset
 
 REQUEST_OVERHEAD_S = 0.015  # fleet-presets.md: "~15 ms request overhead"
 KV_LOAD_WEIGHT_S = 0.010

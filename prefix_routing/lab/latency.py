@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from prefix_routing.stage.presets import Preset
 
+from prefix_routing.stage.presets import Preset
 
 # BLIS / inference-sim step coefficients (defaults.yaml, fitted to vLLM on H100).
 STEP_WEIGHTS = 1.36

@@ -6,8 +6,8 @@ import enum
 import hashlib
 import math
 from typing import Hashable, Sequence
-from prefix_routing.rules.errors import UserError
 
+from prefix_routing.rules.errors import UserError
 
 PREFIX_LENGTH_RANGE = (1024, 65536)  # PrefixAwareRoutingConfig.PrefixLength
 CONCURRENCY_THRESHOLD_RANGE = (1, 1024)  # PrefixAwareRoutingConfig.ConcurrencyThreshold

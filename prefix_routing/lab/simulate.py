@@ -8,13 +8,13 @@ from array import array
 from dataclasses import dataclass, field, replace
 from heapq import heappop
 from typing import Sequence
-from prefix_routing.rules.errors import UserError
+
+from prefix_routing.lab.common import _CHUNK, _percentiles, _progress
 from prefix_routing.lab.fleet import Fleet
 from prefix_routing.lab.fleet_config import FleetConfig
 from prefix_routing.lab.routing import Strategy, routing_key
 from prefix_routing.lab.traces import Trace
-
-from prefix_routing.lab.common import _CHUNK, _percentiles, _progress
+from prefix_routing.rules.errors import UserError
 
 
 @dataclass

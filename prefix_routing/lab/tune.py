@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 from typing import Sequence
-from prefix_routing.rules.errors import UserError
-from prefix_routing.lab.routing import CONCURRENCY_THRESHOLD_RANGE, PREFIX_LENGTH_RANGE, Strategy
-from prefix_routing.lab.fleet_config import FleetConfig
-from prefix_routing.lab.traces import Trace
 
 from prefix_routing.lab.common import CANDIDATE_PREFIX_LENGTHS, CANDIDATE_THRESHOLDS, _progress
+from prefix_routing.lab.fleet_config import FleetConfig
+from prefix_routing.lab.routing import CONCURRENCY_THRESHOLD_RANGE, PREFIX_LENGTH_RANGE, Strategy
 from prefix_routing.lab.simulate import SimResult, config_for_trace, simulate, trace_keys
+from prefix_routing.lab.traces import Trace
+from prefix_routing.rules.errors import UserError
 
 
 def tune(

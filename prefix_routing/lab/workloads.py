@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from prefix_routing.rules.errors import UserError
+
 from prefix_routing.lab.fleet_config import FleetConfig
 from prefix_routing.lab.traces import Trace
+from prefix_routing.rules.errors import UserError
 
 
 @dataclass(frozen=True)

@@ -10,18 +10,18 @@ import threading
 import time
 from typing import Any
 from urllib.parse import urlsplit
-from prefix_routing.rules.errors import UserError
 
 from prefix_routing.loadtest.stream import (
-    Attempt,
-    StreamParser,
     _ERROR_BODY_LIMIT,
     _FRONT_DOOR_KINDS,
+    Attempt,
+    StreamParser,
     _classify_http,
     _describe,
     _exception_kind,
     _expects_usage,
 )
+from prefix_routing.rules.errors import UserError
 
 
 class _HttpTarget:

@@ -10,9 +10,9 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
-from prefix_routing.rules.errors import UserError
 
 from prefix_routing.loadtest.runner import LoadResult
+from prefix_routing.rules.errors import UserError
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

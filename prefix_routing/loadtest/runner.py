@@ -7,14 +7,14 @@ import sys
 import threading
 import time
 from collections import Counter
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
-from prefix_routing.rules.errors import UserError
 
-from prefix_routing.loadtest.stream import Attempt, RETRYABLE, _describe
+from prefix_routing.loadtest.stream import RETRYABLE, Attempt, _describe
 from prefix_routing.loadtest.work import WorkItem
+from prefix_routing.rules.errors import UserError
 
 
 @dataclass

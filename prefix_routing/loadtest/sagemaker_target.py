@@ -6,9 +6,8 @@ import threading
 import time
 from typing import Any
 from urllib.parse import urlsplit
-from prefix_routing.rules.errors import UserError
-from prefix_routing.emulator.server import is_loopback_host
 
+from prefix_routing.emulator.server import is_loopback_host
 from prefix_routing.loadtest.stream import (
     Attempt,
     StreamParser,
@@ -17,7 +16,7 @@ from prefix_routing.loadtest.stream import (
     _exception_kind,
     _expects_usage,
 )
-
+from prefix_routing.rules.errors import UserError
 
 TARGETS = ("sagemaker", "lambda-url", "openai")
 

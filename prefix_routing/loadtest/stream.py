@@ -9,7 +9,6 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-
 ERROR_KINDS = ("throttled", "model_error", "stream_error", "truncated", "timeout", "connection", "client_error")
 RETRYABLE = ("throttled", "timeout", "connection")
 

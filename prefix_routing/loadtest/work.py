@@ -8,8 +8,8 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
-from prefix_routing.lab import bodies
-from prefix_routing.lab import traces
+
+from prefix_routing.lab import bodies, traces
 from prefix_routing.rules.errors import UserError
 
 

@@ -8,18 +8,18 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from prefix_routing.rules.constants import (
+    _NO_VALUE,
     KNOWN_FIELD_ORDER,
     KNOWN_LMI_FIELD_ORDER,
     PROMPT_FIELDS,
     SYSTEM_ROLES,
-    _NO_VALUE,
 )
 from prefix_routing.rules.errors import NormalizationError
 from prefix_routing.rules.freeze import _freeze_chat, _freeze_prompt
 from prefix_routing.rules.identity import RoutingIdentity, block_hashes, prefix_fingerprint
 from prefix_routing.rules.notes import _Notes, _path
 from prefix_routing.rules.parse import _find, _load, _too_deep
-from prefix_routing.rules.settings import NormalizerSettings, _DEFAULT_SETTINGS
+from prefix_routing.rules.settings import _DEFAULT_SETTINGS, NormalizerSettings
 from prefix_routing.rules.text import _text_rules
 
 

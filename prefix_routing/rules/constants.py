@@ -7,7 +7,6 @@ import re
 import unicodedata
 from typing import Final
 
-
 PREFIX_LENGTH_MIN: Final = 1024  # SageMaker's PrefixAwareRoutingConfig.PrefixLength range
 PREFIX_LENGTH_MAX: Final = 65536
 BLOCK_BYTES_MIN: Final = 64

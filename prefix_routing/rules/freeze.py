@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 from prefix_routing.rules.constants import (
-    FREEZE_HEADER,
-    SYSTEM_ROLES,
     _FREEZE_LINE_RE,
     _PLACEHOLDER_PARTS_RE,
     _PLACEHOLDER_RE,
+    FREEZE_HEADER,
+    SYSTEM_ROLES,
 )
 from prefix_routing.rules.notes import _Notes
 from prefix_routing.rules.settings import FreezeRule, NormalizerSettings

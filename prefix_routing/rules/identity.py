@@ -7,7 +7,7 @@ import hmac
 from dataclasses import dataclass
 from typing import Final
 
-from prefix_routing.rules.constants import FINGERPRINT_HEX_DIGITS, _ROUTING_ID_RE, _SALT_RE
+from prefix_routing.rules.constants import _ROUTING_ID_RE, _SALT_RE, FINGERPRINT_HEX_DIGITS
 from prefix_routing.rules.errors import _describe
 
 

@@ -10,6 +10,7 @@ from os import PathLike
 from typing import Any, Final
 
 from prefix_routing.rules.constants import (
+    _RULE_NAME_RE,
     BLOCK_BYTES_MAX,
     BLOCK_BYTES_MIN,
     FREEZE_PLACEMENTS,
@@ -18,7 +19,6 @@ from prefix_routing.rules.constants import (
     MAX_DEPTH_MIN,
     PREFIX_LENGTH_MAX,
     PREFIX_LENGTH_MIN,
-    _RULE_NAME_RE,
 )
 from prefix_routing.rules.errors import SettingsError
 

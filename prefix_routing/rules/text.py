@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from prefix_routing.rules.constants import _LINEWISE_MIN, _NFC
 from prefix_routing.rules.notes import _Notes
 

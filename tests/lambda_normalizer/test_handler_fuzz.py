@@ -14,11 +14,11 @@ import random
 import time
 from collections import Counter
 
+import handler as lambda_handler
 import pytest
 
-import handler as lambda_handler
 from prefix_routing import frontdoor
-from tests.lambda_normalizer.conftest import KEY, FakeRuntime, config, iam_context
+from tests.prefix_routing.frontdoor.conftest import KEY, FakeRuntime, config, iam_context
 
 pytestmark = pytest.mark.fuzz
 

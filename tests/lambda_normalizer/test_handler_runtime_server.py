@@ -14,23 +14,15 @@ import time
 
 import boto3
 import pytest
+import server as web_app
 from botocore.config import Config
 
-import server as web_app
 from prefix_routing import frontdoor
-from prefix_routing.rules.identity import routing_identity
 from prefix_routing.emulator.echo_backend import EchoBackend
 from prefix_routing.emulator.faults import Faults
 from prefix_routing.emulator.server import serve_runtime
-from tests.lambda_normalizer.conftest import (
-    CHAT,
-    KEY,
-    ROLE_TENANT,
-    Lines,
-    config,
-    iam_context,
-    url_event,
-)
+from prefix_routing.rules.identity import routing_identity
+from tests.prefix_routing.frontdoor.conftest import CHAT, KEY, ROLE_TENANT, Lines, config, iam_context, url_event
 
 STREAMING = json.dumps(dict(CHAT, stream=True)).encode()
 _CLIENTS: list = []

@@ -12,25 +12,17 @@ from __future__ import annotations
 import json
 
 import boto3
+import handler as lambda_handler
 import pytest
 from botocore import parsers
 from botocore.eventstream import EventStream
 from botocore.stub import Stubber
 
-import handler as lambda_handler
-from prefix_routing.emulator import eventstream
 from prefix_routing import frontdoor
+from prefix_routing.emulator import eventstream
 from prefix_routing.rules.body import normalize_body
 from prefix_routing.rules.identity import routing_identity
-from tests.lambda_normalizer.conftest import (
-    BODY,
-    CHAT,
-    KEY,
-    ROLE_TENANT,
-    config,
-    sse_chunks,
-    url_event,
-)
+from tests.prefix_routing.frontdoor.conftest import BODY, CHAT, KEY, ROLE_TENANT, config, sse_chunks, url_event
 
 OPERATION = "invoke_endpoint_with_response_stream"
 

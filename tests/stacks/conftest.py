@@ -7,7 +7,7 @@ import pytest
 from aws_cdk import App
 from aws_cdk.assertions import Template
 
-from prefix_routing.stage.config import load_stage, parse_stage, DEFAULT_STAGE_DATA
+from prefix_routing.stage.config import DEFAULT_STAGE_DATA, load_stage, parse_stage
 from stacks.app_builder import add_security_checks, build_stage
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,8 +2,8 @@ import os
 import stat
 from pathlib import Path
 
-from prefix_routing.stage.config import load_stage
 from prefix_routing.frontdoor.config import InvokeConfig
+from prefix_routing.stage.config import load_stage
 from stacks.constructs.normalizer_function import LWA_LAYER_NAME, LWA_LAYER_VERSION
 from tests.test_architecture import imports_of, module_name, room_of
 

@@ -7,9 +7,9 @@ import pytest
 from aws_cdk import App, CfnResource, Stack, Stage, aws_iam as iam
 from aws_cdk.assertions import Annotations, Match
 
-from tests.stacks.conftest import CDK_CONTEXT, findings, nag_report
 from prefix_routing.stage.config import load_stage
 from stacks.app_builder import add_security_checks, build_stage
+from tests.stacks.conftest import CDK_CONTEXT, findings, nag_report
 
 ACKNOWLEDGED = "aws:cdk:acknowledged-rules"  # aws_cdk.Validations.ACKNOWLEDGED_RULES_METADATA_KEY
 ENDPOINT = "PrefixRouting-default-Endpoint"

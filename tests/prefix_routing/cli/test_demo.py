@@ -1,10 +1,11 @@
 """A small demo run: the direction of the published result, and normalization's share in it."""
 
+import tomllib
+
 import pytest
 
-from prefix_routing.cli.demo_run import _toml, long_context_workload_for_demo, render_table, run_case, _stage
+from prefix_routing.cli.demo_run import _stage, _toml, long_context_workload_for_demo, render_table, run_case
 from prefix_routing.stage.config import parse_stage
-import tomllib
 
 
 def test_stage_round_trips_through_toml():

@@ -12,7 +12,7 @@ import pytest
 from prefix_routing.cli.main import main
 from tests.conftest import MOONCAKE_SLICE, require_shared_trace
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def run(capsys, *argv):
@@ -184,6 +184,7 @@ def test_preset_list(capsys):
 def test_analyze_straight_from_cloudwatch(capsys, monkeypatch):
     import boto3
     import moto
+
     from prefix_routing.rules.telemetry import REQUEST_LOG_MESSAGE, LogField
 
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):

@@ -1,94 +1,18 @@
-"""The fleet model: routing, spill, per-copy LRU caches, latency, timeouts, determinism."""
+"""The fleet model (prefix_routing.lab.fleet): routing, spill, per-copy LRU caches, latency, timeouts, determinism."""
+
+from __future__ import annotations
 
 import math
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from prefix_routing.rules.errors import UserError
-from prefix_routing.lab.fleet_config import REQUEST_OVERHEAD_S, FleetConfig
-from prefix_routing.lab.routing import ROUTING_OVERHEAD_S, Strategy, key_blocks, routing_key, stable_hash
 from prefix_routing.lab.fleet import Fleet, Placement, Request
+from prefix_routing.lab.fleet_config import REQUEST_OVERHEAD_S
 from prefix_routing.lab.latency import LatencyModel
+from prefix_routing.lab.routing import ROUTING_OVERHEAD_S, Strategy, stable_hash
 from prefix_routing.stage.presets import get_preset
-
-P5_70B = "p5.48xlarge-llama3.1-70b"
-P5_8B = "p5.48xlarge-llama3.1-8b"  # 8 copies per instance
-
-
-def chain(root: int, n: int, start: int = 0) -> list[int]:
-    """n chained block ids: a shared root then ids unique to `start`."""
-    return [root] + list(range(10_000 + start, 10_000 + start + n - 1))
-
-
-def cfg(**kw) -> FleetConfig:
-    base = dict(instances=4, preset=P5_70B, strategy=Strategy.PREFIX_AWARE, concurrency_threshold=1024)
-    base.update(kw)
-    return FleetConfig(**base)
-
-
-# ---------------------------------------------------------------- keys
-
-
-def test_key_blocks_maps_bytes_to_blocks():
-    # 512-token blocks at 4 bytes per token are 2,048 bytes.
-    assert key_blocks(1024) == 1
-    assert key_blocks(2048) == 1
-    assert key_blocks(2049) == 2
-    assert key_blocks(4096) == 2
-    assert key_blocks(65536) == 32
-    assert key_blocks(4096, bytes_per_token=2) == 4
-    assert key_blocks(4096, block_bytes=1000) == 5
-    # JSON before the prompt eats into the key: 1,024 bytes of it leave nothing of a 1,024 key.
-    assert key_blocks(1024, key_offset_bytes=1024) == 0
-    assert key_blocks(4096, key_offset_bytes=100) == 2
-    assert key_blocks(4196, key_offset_bytes=100) == 2
-    assert key_blocks(4197, key_offset_bytes=100) == 3
-
-
-def test_routing_key_uses_the_chained_id_and_the_prefix_aware_id():
-    assert routing_key([7, 8, 9], 2) == 8
-    assert routing_key([7], 2) == 7  # shorter than the key: its whole prompt
-    assert routing_key([7, 8], 0) is None
-    assert routing_key([7, 8], 1, "tenant-a") == ("tenant-a", 7)
-
-
-def test_stable_hash_is_the_same_in_every_process():
-    # blake2b, not the per-process salted hash(): pinned so a change shows up here.
-    assert stable_hash("tenant-a") == 0x4FBA221BC5E31261
-    assert stable_hash(("a", 1)) == stable_hash(("a", 1))
-    assert stable_hash(5) == 5
-
-
-# ---------------------------------------------------------------- validation
-
-
-@pytest.mark.parametrize(
-    "kw, message",
-    [
-        ({"prefix_length": 512}, "prefix_length=512: must be an integer from 1024 to 65536"),
-        ({"prefix_length": 70000}, "prefix_length"),
-        ({"concurrency_threshold": 0}, "concurrency_threshold=0"),
-        ({"concurrency_threshold": 1025}, "concurrency_threshold"),
-        ({"copies": 2}, "at most 1 copies per instance"),
-        ({"strategy": "FASTEST"}, "unknown routing strategy 'FASTEST'"),
-        ({"preset": "p9"}, "unknown preset"),
-        ({"cache_tokens": -1}, "cache_tokens"),
-    ],
-)
-def test_bad_configuration_is_a_user_error(kw, message):
-    with pytest.raises(UserError, match=message.replace("(", r"\(")):
-        cfg(**kw)
-
-
-def test_strategy_names_parse_loosely():
-    assert Strategy.parse("prefix-aware") is Strategy.PREFIX_AWARE
-    assert Strategy.parse("lor") is Strategy.LEAST_OUTSTANDING_REQUESTS
-    assert FleetConfig(strategy="KV_AWARE").strategy is Strategy.KV_AWARE
-
-
-# ---------------------------------------------------------------- routing
+from tests.prefix_routing.lab.conftest import P5_8B, P5_70B, cfg, chain
 
 
 def test_prefix_aware_sends_a_key_to_one_copy_and_ids_apart():
@@ -235,9 +159,6 @@ def test_kv_aware_follows_the_cache():
     assert again.cached_tokens == 24 * 512
 
 
-# ---------------------------------------------------------------- caches
-
-
 def test_lru_evicts_tails_first_and_keeps_chains_contiguous():
     fleet = Fleet(cfg(instances=1, cache_tokens=4 * 512))
     fleet.submit(Request(4 * 512, 1, [1, 2, 3, 4]), 0.0)
@@ -277,9 +198,6 @@ def test_cached_blocks_are_always_a_prefix_closed_set(requests, capacity):
         cache = fleet._caches[0]
         assert len(cache) <= capacity
         assert all(b not in parent or parent[b] in cache for b in cache)
-
-
-# ---------------------------------------------------------------- latency and queueing
 
 
 def test_a_cache_hit_shortens_the_time_to_first_token():
@@ -381,9 +299,6 @@ def test_latency_model_from_preset_is_exposed():
     assert lat.max_num_seqs == get_preset(P5_70B).max_num_seqs
 
 
-# ---------------------------------------------------------------- keys, homes and the in-flight count
-
-
 def splitmix64_finalizer(x: int) -> int:
     """splitmix64's finalizer, written out from its reference (Steele, Lea & Flood)."""
     m = (1 << 64) - 1
@@ -456,145 +371,3 @@ def test_release_frees_the_copy_it_names():
     loads.set(2, 1)
     loads.fleet.release(p)
     assert loads.fleet.outstanding() == [0, 0, 1, 0]
-
-
-# ---------------------------------------------------------------- the engine's admission
-
-
-def test_a_request_waits_for_kv_budget_first_come_first_served():
-    # One copy whose KV budget is 10,000 tokens. A reserves 4,000 + 4,000 = 8,000 while it runs.
-    fleet = Fleet(cfg(instances=1, cache_tokens=10_000))
-    overhead = REQUEST_OVERHEAD_S + ROUTING_OVERHEAD_S
-    a = fleet.submit(Request(4000, 4000, list(range(1, 9))), 0.0)
-    a_engine_done = a.finish_s - overhead
-    # B needs 4,010: 8,000 + 4,010 > 10,000, so it starts when A's engine work ends.
-    b = fleet.submit(Request(4000, 10, list(range(20, 28))), 0.001)
-    assert b.start_s == pytest.approx(a_engine_done, rel=1e-12) and b.queued_s > 1.0
-    # C would fit beside A, but arrives after B: first come, first served, it never overtakes B.
-    c = fleet.submit(Request(100, 10, [40]), 0.002)
-    assert c.start_s >= b.start_s
-
-
-def test_a_request_that_just_fits_the_kv_budget_starts_at_once():
-    fleet = Fleet(cfg(instances=1, cache_tokens=10_000))
-    fleet.submit(Request(4000, 4000, list(range(1, 9))), 0.0)
-    d = fleet.submit(Request(1990, 10, [50, 51, 52, 53]), 0.001)  # 8,000 + 2,000 = 10,000: fits exactly
-    assert d.start_s == 0.001
-    # It decodes beside A: batch 2, the copy's reserved context 10,000 tokens.
-    assert d.per_token_s == pytest.approx(fleet.latency.step_s(2, 10_000), rel=1e-12)
-
-
-def test_a_finished_request_gives_its_kv_budget_back():
-    fleet = Fleet(cfg(instances=1, cache_tokens=10_000))
-    a = fleet.submit(Request(4000, 4000, list(range(1, 9))), 0.0)
-    later = a.finish_s + 1.0
-    b = fleet.submit(Request(4000, 4000, list(range(20, 28))), later)  # 8,000 again: fits once A is done
-    assert b.start_s == later and b.queued_s == 0.0
-    assert b.per_token_s == pytest.approx(fleet.latency.step_s(1, 8000), rel=1e-12)  # A's tokens are gone
-    c = fleet.submit(Request(100, 2, [40]), later + 0.5)
-    assert c.finish_s == pytest.approx(c.first_token_s + c.per_token_s, rel=1e-12)  # 2 tokens: one step after
-
-
-def test_a_request_that_times_out_waiting_leaves_the_running_ones_in_place():
-    # A runs for about a minute holding 8,000 of 10,000 tokens; B needs 4,010 and would wait for A, past
-    # the 5 s timeout, so it fails. A is still running: C, which fits beside it, decodes at batch 2.
-    fleet = Fleet(cfg(instances=1, cache_tokens=10_000, timeout_s=5.0))
-    a = fleet.submit(Request(4000, 4000, list(range(1, 9))), 0.0)
-    assert a.finish_s > 30
-    b = fleet.submit(Request(4000, 10, list(range(20, 28))), 0.001)
-    assert b.timed_out
-    c = fleet.submit(Request(100, 10, [40]), 0.002)
-    assert not c.timed_out and c.start_s == 0.002
-    assert c.per_token_s == pytest.approx(fleet.latency.step_s(2, 8110), rel=1e-12)
-
-
-# ---------------------------------------------------------------- the latency model inside the router
-
-
-def test_an_idle_copy_gives_the_latency_models_prefill_and_decode_step():
-    # Module docstring: TTFT = wait + prefill(uncached part, at the copy's batch and context) +
-    # request and routing overheads; each later token one step at the batch and context the copy has
-    # when the request starts (itself included).
-    fleet = Fleet(cfg(instances=1, cache_tokens=math.inf))
-    lat, overhead = fleet.latency, REQUEST_OVERHEAD_S + ROUTING_OVERHEAD_S
-    blocks = list(range(1, 41))  # 40 blocks: 20,480 tokens cover the 20,000-token prompt
-    a = fleet.submit(Request(20_000, 50, blocks), 0.0)
-    assert a.ttft_s == pytest.approx(lat.prefill_s(20_000, 0) + overhead, rel=1e-12)  # 3 chunks of 8,192
-    assert a.per_token_s == pytest.approx(lat.step_s(1, 20_050), rel=1e-12)
-    assert a.finish_s == pytest.approx(a.first_token_s + 49 * a.per_token_s, rel=1e-12)
-    assert a.cached_tokens == 0 and a.prompt_tokens == 20_000
-    # The same prompt again, while A still runs: all of it cached (40 × 512 > 20,000 is capped at the
-    # prompt), so no new tokens: one step's overhead at batch 1 and A's context, after A's prefill.
-    b = fleet.submit(Request(20_000, 1, blocks), 0.001)
-    assert b.cached_tokens == 20_000
-    prefill_free = a.first_token_s - overhead
-    assert b.first_token_s == pytest.approx(prefill_free + lat.prefill_s(0, 20_000, 1, 20_050) + overhead, rel=1e-12)
-    assert b.finish_s == pytest.approx(b.first_token_s, rel=1e-12)  # one output token: done at the first
-    stats = fleet.copy_stats()[0]
-    assert (stats.requests, stats.prompt_tokens, stats.cached_tokens, stats.outstanding) == (2, 40_000, 20_000, 2)
-
-
-def test_a_timed_out_request_holds_its_place_and_leaves_no_trace_in_the_cache():
-    fleet = Fleet(cfg(instances=1, cache_tokens=math.inf, timeout_s=5.0))
-    big = fleet.submit(Request(1_000_000, 10, list(range(1, 1955))), 0.0)
-    assert big.timed_out and big.first_token_s == math.inf and big.ttft_s == math.inf
-    assert (big.cached_tokens, big.per_token_s, big.finish_s, big.start_s) == (0, 0.0, 5.0, 0.0)
-    stats = fleet.copy_stats()[0]
-    assert (stats.requests, stats.timeouts, stats.prompt_tokens, stats.outstanding) == (1, 1, 0, 1)
-    assert fleet.timeouts == 1 and fleet.cached_prefix_blocks(0, [1, 2]) == 0
-    # Its slot was never taken: the next request starts at once.
-    small = fleet.submit(Request(100, 2, [7]), 0.1)
-    assert small.start_s == 0.1 and not small.timed_out
-    assert fleet.advance(5.0) == 2 and fleet.outstanding() == [0]
-
-
-def test_a_cache_that_is_exactly_full_keeps_every_block():
-    fleet = Fleet(cfg(instances=1, cache_tokens=4 * 512))  # room for exactly 4 blocks
-    fleet.submit(Request(2048, 2, [1, 2, 3, 4]), 0.0)
-    again = fleet.submit(Request(2048, 2, [1, 2, 3, 4]), 10.0)
-    assert again.cached_tokens == 2048
-    assert fleet.copy_stats()[0].cached_blocks == 4
-
-
-def test_a_sibling_below_the_threshold_wins_over_an_idler_copy_elsewhere():
-    # 2 instances x 2 copies, threshold 2. Home copy 1 is full; its sibling, copy 0, carries 1; copy 2
-    # on the other instance carries none. The home instance comes first: copy 0 (index 0 is a choice too).
-    loads = Loads(instances=2, copies=2, threshold=2)
-    for g, n in {1: 2, 0: 1}.items():
-        loads.set(g, n)
-    p = loads.submit(1)
-    assert (loads.placed(p), p.spilled) == (0, True)
-
-
-def test_two_copies_are_enough_for_prefix_routing():
-    fleet = Fleet(cfg(instances=2))
-    homes = {fleet.submit(Request(100, 2, (), key=f"k{i}"), 0.0).instance for i in range(20)}
-    assert homes == {0, 1}
-
-
-def test_least_outstanding_starts_its_scan_at_a_seeded_position_and_takes_the_least_loaded():
-    import random
-
-    for seed in (0, 1, 2, 3):
-        fleet = Fleet(cfg(instances=4, strategy=Strategy.LEAST_OUTSTANDING_REQUESTS, seed=seed))
-        start = int(random.Random(seed).random() * 4)  # the first draw of the fleet's seeded generator
-        first = fleet.submit(Request(100, 5000, ()), 0.0)
-        assert first.instance == start  # every copy idle: the first of the scan
-        for _ in range(6):
-            fleet.submit(Request(100, 5000, ()), 0.0)
-        assert sorted(fleet.outstanding()) == [1, 2, 2, 2]  # always onto a least-loaded copy
-
-
-def test_blocks_that_are_not_chained_are_touched_one_by_one():
-    # Ids that do not form a chain (a cached id after an uncached one) take the slow path; it must
-    # still touch every block, cached or not, and count the cached ones.
-    fleet = Fleet(cfg(instances=1, cache_tokens=100 * 512))
-    fleet.submit(Request(1024, 2, [1, 2]), 0.0)
-    p = fleet.submit(Request(1536, 2, [5, 1, 2]), 1.0)
-    assert p.cached_tokens == 1024  # 1 and 2 were cached; 5 was not
-    assert fleet.cached_prefix_blocks(0, [5, 1, 2]) == 3
-
-
-def test_a_key_one_byte_past_the_json_before_the_prompt_covers_one_block():
-    assert key_blocks(1025, key_offset_bytes=1024) == 1
-    assert key_blocks(1024, key_offset_bytes=2000) == 0

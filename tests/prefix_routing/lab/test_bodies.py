@@ -21,9 +21,8 @@ from prefix_routing.lab.bodies import (
     serialize,
     vary,
 )
-
-from prefix_routing.rules.settings import NormalizerSettings
 from prefix_routing.rules.body import normalize_body
+from prefix_routing.rules.settings import NormalizerSettings
 
 
 def nfc(value):
@@ -83,7 +82,7 @@ def test_prompt_text_deterministic_in_another_process():
         "from prefix_routing.lab.bodies import prompt_text;"
         "print(hashlib.sha256(prompt_text([3, 17, 123456, 7], 1800).encode()).hexdigest())"
     )
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     out = subprocess.run(
         [sys.executable, "-c", code, root], capture_output=True, text=True, check=True,
         env={**os.environ, "PYTHONHASHSEED": "12345"},

@@ -108,7 +108,7 @@ def test_readme_configuration_reference_lists_every_field():
 
     from prefix_routing.stage.config import StageConfig
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
     section = readme.split("## Configuration reference", 1)[1].split("\n## ", 1)[0]
     missing = []
     for path in _field_paths(StageConfig):

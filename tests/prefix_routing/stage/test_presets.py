@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from prefix_routing.rules.errors import UserError
 from prefix_routing.lab.latency import LatencyModel
+from prefix_routing.rules.errors import UserError
 from prefix_routing.stage.presets import (
     H100,
     H200,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from prefix_routing.cli.main import COMMANDS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _run(*args, stdin=""):

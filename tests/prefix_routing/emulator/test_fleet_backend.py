@@ -3,7 +3,6 @@
 import json
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -11,11 +10,11 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from prefix_routing.stage.config import DEFAULT_STAGE_DATA, load_stage, parse_stage
 from prefix_routing.emulator.fleet_backend import fleet_config_for_stage, preset_for_stage, start_emulator
 from prefix_routing.rules.errors import UserError
+from prefix_routing.stage.config import DEFAULT_STAGE_DATA, load_stage, parse_stage
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SYSTEM = "You are a careful assistant for the billing team. Answer briefly and cite the policy. " * 200  # ~17 KB: past the 8,192-byte key
 
 

@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from prefix_routing.rules.settings import FreezeRule, NormalizerSettings
-from prefix_routing.rules.errors import NormalizationError
 from prefix_routing.rules.body import normalize_body
+from prefix_routing.rules.errors import NormalizationError
 from prefix_routing.rules.identity import routing_identity
+from prefix_routing.rules.settings import FreezeRule, NormalizerSettings
 
 CASES = 100_000
 SEED = 20261130

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from prefix_routing.rules.settings import FreezeRule, NormalizerSettings
 from prefix_routing.rules.body import normalize_body
 from prefix_routing.rules.identity import prefix_fingerprint
+from prefix_routing.rules.settings import FreezeRule, NormalizerSettings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BODY = json.dumps({
     "temperature": 0.2,
     "messages": [{"content": "Today is 2026-11-30.  \r\nBe brief.\n", "role": "system"},

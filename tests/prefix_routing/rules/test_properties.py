@@ -19,10 +19,10 @@ import unicodedata
 import pytest
 from hypothesis import HealthCheck, assume, event, find, given, settings, strategies as st
 
-from prefix_routing.rules.constants import FREEZE_HEADER
-from prefix_routing.rules.settings import FreezeRule, NormalizerSettings
 from prefix_routing.rules.body import normalize_body
+from prefix_routing.rules.constants import FREEZE_HEADER
 from prefix_routing.rules.identity import prefix_fingerprint, routing_identity
+from prefix_routing.rules.settings import FreezeRule, NormalizerSettings
 
 PREFIX_LENGTHS = (1024, 4096, 65536)
 KEY = b"property-test-key-0123456789"

@@ -1,0 +1,88 @@
+"""Validation and normalization of one request, and its routing identity (prefix_routing.frontdoor.prepare)."""
+
+from __future__ import annotations
+
+import json
+import pytest
+from prefix_routing import frontdoor
+from prefix_routing.rules.identity import routing_identity
+from tests.prefix_routing.frontdoor.conftest import CHAT, KEY, ROLE_ARN, ROLE_TENANT, config, url_event
+
+
+def test_prepare_derives_the_tenant_identity_and_salts_the_body():
+    prepared = frontdoor.prepare(frontdoor.request_from_event(url_event()), config(), KEY)
+    expected = routing_identity(ROLE_TENANT, None, KEY)
+    assert prepared.identity == expected
+    assert prepared.normalized.body.startswith(b'{"cache_salt":"' + expected.cache_salt.encode() + b'","messages":')
+    assert prepared.tenant == ROLE_TENANT and prepared.normalize_ms >= 0 and not prepared.expects_usage
+
+
+def test_tenants_never_share_routing_ids_sessions_of_one_role_do():
+    cfg = config()
+    ids = {}
+    for arn in (ROLE_ARN, "arn:aws:sts::111122223333:assumed-role/ChatApp/other-session",
+                "arn:aws:sts::111122223333:assumed-role/OtherApp/session-1",
+                "arn:aws:sts::999988887777:assumed-role/ChatApp/session-1"):
+        prepared = frontdoor.prepare(frontdoor.request_from_event(url_event(user_arn=arn)), cfg, KEY)
+        ids[arn] = (prepared.identity.prefix_aware_id, prepared.normalized.body[:60])
+    values = list(ids.values())
+    assert values[0] == values[1]  # one role, two sessions: one tenant
+    assert len({v[0] for v in values[1:]}) == 3 and len({v[1] for v in values[1:]}) == 3
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "field"),
+    [
+        (b"", "empty", "body"),
+        (b"\xff\xfe{}", "invalid_utf8", "body"),
+        (b'{"messages": [', "invalid_json", "body"),
+        (b"[1, 2]", "not_object", "body"),
+        (b'{"temperature": 1}', "missing_field", "body"),
+        (b'{"messages": [{"role": "user"}]}', "missing_field", "messages[0].content"),
+        (b'{"messages": "hi"}', "invalid_field", "messages"),
+        (b'{"messages": [], "messages": []}', "duplicate_key", "body"),
+        (b'{"prompt": "x", "temperature": NaN}', "non_finite_number", "temperature"),
+        (b'{"prompt": "x", "n": ' + b"[" * 80 + b"]" * 80 + b"}", "too_deep", None),
+    ],
+)
+def test_bad_bodies_are_400_naming_the_problem(body, code, field):
+    with pytest.raises(frontdoor.RequestError) as caught:
+        frontdoor.prepare(frontdoor.request_from_event(url_event(body)), config(), KEY)
+    error = caught.value
+    assert error.status == 400 and error.code == code
+    if field is not None:
+        assert error.field == field
+    assert error.body()["error"]["message"] and error.normalize_ms is not None
+
+
+def test_body_over_6_mib_is_400_too_large():
+    body = json.dumps({"prompt": "x" * (6 * 1024 * 1024)}).encode()
+    with pytest.raises(frontdoor.RequestError) as caught:
+        frontdoor.prepare(frontdoor.request_from_event(url_event(body)), config(), KEY)
+    assert caught.value.status == 400 and caught.value.code == "too_large"
+
+
+def test_methods_other_than_post_are_405():
+    with pytest.raises(frontdoor.RequestError) as caught:
+        frontdoor.prepare(frontdoor.request_from_event(url_event(method="GET")), config(), KEY)
+    assert caught.value.status == 405 and caught.value.code == "method_not_allowed"
+
+
+def test_streaming_bodies_ask_for_usage_unless_told_otherwise():
+    streaming = dict(CHAT, stream=True)
+    prepared = frontdoor.prepare(frontdoor.request_from_event(url_event(json.dumps(streaming))), config(), KEY)
+    sent = json.loads(prepared.normalized.body)
+    assert sent["stream_options"] == {"include_usage": True} and prepared.expects_usage
+    assert {k: v for k, v in sent.items() if k not in ("cache_salt", "stream_options")} == streaming
+    explicit = dict(streaming, stream_options={"include_usage": False})
+    prepared = frontdoor.prepare(frontdoor.request_from_event(url_event(json.dumps(explicit))), config(), KEY)
+    assert json.loads(prepared.normalized.body)["stream_options"] == {"include_usage": False}
+    assert not prepared.expects_usage
+    prepared = frontdoor.prepare(frontdoor.request_from_event(url_event(json.dumps(streaming))),
+                              config(stream_usage=False), KEY)
+    assert "stream_options" not in json.loads(prepared.normalized.body) and not prepared.expects_usage
+    not_streaming = frontdoor.prepare(frontdoor.request_from_event(url_event()), config(), KEY)
+    assert b"stream_options" not in not_streaming.normalized.body
+    lmi = {"inputs": "hello", "parameters": {"max_new_tokens": 4}, "stream": True}
+    prepared = frontdoor.prepare(frontdoor.request_from_event(url_event(json.dumps(lmi))), config(), KEY)
+    assert b"stream_options" not in prepared.normalized.body

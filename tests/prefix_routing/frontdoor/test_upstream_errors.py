@@ -1,0 +1,82 @@
+"""Upstream failures classified into the caller's status and JSON error (prefix_routing.frontdoor.upstream_errors)."""
+
+from __future__ import annotations
+
+import pytest
+from botocore.exceptions import (
+    ClientError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    EventStreamError,
+    ReadTimeoutError,
+)
+from urllib3.exceptions import ProtocolError
+from prefix_routing import frontdoor
+
+
+def _client_error(code, status=400, operation="InvokeEndpointWithResponseStream", **extra):
+    response = {"Error": {"Code": code, "Message": f"{code} happened"},
+                "ResponseMetadata": {"HTTPStatusCode": status}, **extra}
+    return ClientError(response, operation)
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "kind", "retryable"),
+    [
+        (_client_error("ThrottlingException"), 429, "throttled", True),
+        (_client_error("ModelNotReadyException", 429), 503, "model_not_ready", True),
+        (_client_error("ServiceUnavailable", 503), 503, "upstream_unavailable", True),
+        (_client_error("InternalFailure", 500), 502, "upstream_error", True),
+        (_client_error("InternalDependencyException", 530), 502, "upstream_error", True),
+        (_client_error("SomethingNew", 502), 502, "upstream_error", True),
+        (_client_error("ModelError", 424, OriginalStatusCode=400), 502, "model_error", False),
+        (_client_error("ValidationError"), 502, "upstream_rejected", False),
+        (_client_error("AccessDeniedException", 403), 502, "upstream_denied", False),
+        (EventStreamError({"Error": {"Code": "ModelStreamError", "Message": "boom"}}, "X"), 502,
+         "model_stream_error", False),
+        (EventStreamError({"Error": {"Code": "InternalStreamFailure", "Message": "x"}}, "X"), 502,
+         "stream_failure", True),
+        (ReadTimeoutError(endpoint_url="http://x"), 504, "timeout", False),
+        (TimeoutError(), 504, "timeout", False),
+        (ConnectTimeoutError(endpoint_url="http://x"), 502, "upstream_connection", True),
+        (EndpointConnectionError(endpoint_url="http://x"), 502, "upstream_connection", True),
+        (ProtocolError("Connection broken"), 502, "upstream_connection", True),
+        (KeyError("x"), 500, "internal", False),
+    ],
+)
+def test_classify_error(error, status, kind, retryable):
+    upstream = frontdoor.classify_error(error)
+    assert (upstream.status, upstream.kind, upstream.retryable) == (status, kind, retryable)
+    assert "\n" not in upstream.message
+    response = getattr(error, "response", None)
+    code = response["Error"]["Code"] if isinstance(response, dict) else None
+    # docs/normalizer-lambda.md: the error carries the endpoint's own code as upstream_code ...
+    assert upstream.upstream_code == code
+    if code is not None and kind != "upstream_denied":
+        # ... and the message what the endpoint said (access errors name only the code).
+        assert response["Error"]["Message"] in upstream.message
+    elif kind == "upstream_denied":
+        assert upstream.message == f"the front door may not invoke the endpoint: {code}"
+    else:  # no response: the exception's class says what failed
+        assert type(error).__name__ in upstream.message or kind == "timeout"
+    if kind == "model_error":
+        assert "(the model answered 400)" in upstream.message
+
+
+def test_classify_error_keeps_an_upstream_error_and_flattens_long_messages():
+    already = frontdoor.UpstreamError(502, "truncated", "cut")
+    assert frontdoor.classify_error(already) is already
+    long = _client_error("ValidationError")
+    long.response["Error"]["Message"] = "line one\nline two\r" + "x" * 400
+    message = frontdoor.classify_error(long).message
+    assert "\n" not in message and "\r" not in message and "line one line two" in message
+    assert message.endswith("…") and len(message) <= 300 + len("the endpoint rejected the request: ValidationError: ")
+
+
+def test_upstream_error_body_is_the_documented_shape():
+    error = frontdoor.UpstreamError(429, "throttled", "slow down", retryable=True, upstream_code="ThrottlingException")
+    assert error.body(3) == {"error": {"code": "throttled", "message": "slow down", "status": 429,
+                                       "upstream_code": "ThrottlingException", "attempts": 3}}
+    assert frontdoor.UpstreamError(504, "timeout", "late").body() == {
+        "error": {"code": "timeout", "message": "late", "status": 504}}
+    assert str(error) == "slow down" and error.retryable is True
