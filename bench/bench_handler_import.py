@@ -7,9 +7,9 @@ Each measurement is a fresh ``python`` subprocess that times one import statemen
 
 * ``boto3``: ``import boto3`` (the baseline: any handler that calls SageMaker pays it);
 * ``handler``: ``import handler`` from ``lambda/normalizer`` (boto3, botocore's ``Config``, and the
-  library's ``invoke``/``normalize``/``telemetry``), the figure the target applies to;
+  library's ``frontdoor`` and ``rules``), the figure the target applies to;
 * ``powertools``: the handler plus Powertools' EMF provider, for information: what the first
-  request's metrics add once its answer has streamed (``prefix_routing.invoke.emf_document`` imports
+  request's metrics add once its answer has streamed (``prefix_routing.frontdoor.emf_document`` imports
   the provider then, keeping it off the cold start's path to the first token);
 * ``server``: ``import server`` (the web app ``run.sh`` starts in Lambda: the handler plus
   ``http.server``), for information.

@@ -1,10 +1,26 @@
 """Prefix-aware routing for LLM inference on Amazon SageMaker.
 
-The modules, and who may import them (``tests/test_architecture.py`` checks the arrows):
+One subpackage per capability, split by what runs where. Each room imports only the rooms below it
+(``tests/test_architecture.py`` checks every arrow; ``docs/architecture.md`` draws them)::
 
-- ``normalize``  the rules that make equivalent requests share leading bytes   (stdlib only)
-- ``telemetry``  metric namespace, metric names and log fields                 (stdlib only)
-- ``config``     the typed, validated stage configuration shared by the stacks and the emulator
-- ``traces``, ``fleet``, ``lab``: the routing lab
-- ``eventstream``, ``runtime_server``, ``emulator``, ``loadtest``: the local end to end
+    cli ──► loadtest ──► emulator ──► lab ──► stage ──► rules
+     │                                                    ▲
+     └──────────────────────────► frontdoor ──────────────┘      stacks/ ──► stage, rules.telemetry
+
+- ``rules``      what runs everywhere, standard library only: the canonical body, text and freeze
+                 rules, tenant identity, fingerprints and block hashes, and ``telemetry`` (the metric
+                 and log-field contract). ``from prefix_routing.rules import normalize_body``.
+- ``frontdoor``  the Lambda's logic (the rules, and a boto3 client passed in): request parsing and
+                 validation, tenancy, the upstream call with retries, the stream reader, error
+                 classes, the request record with its log line and EMF document.
+- ``stage``      the typed stage configuration (pydantic) and the instance and model tables that the
+                 stacks and the lab read.
+- ``lab``        trace readers, the fleet model (pure computation), analyze, simulate, tune,
+                 workloads, plots. Never imports the emulator or the load tester.
+- ``emulator``   the SageMaker runtime's wire protocol on 127.0.0.1, faults, the server, backends.
+- ``loadtest``   work items, stream parsing, targets, the runner, reports.
+- ``cli``        ``python -m prefix_routing <command>``: one thin module per command. Nothing
+                 imports it.
+
+The Lambda asset carries ``rules/`` and ``frontdoor/`` only (and this file).
 """

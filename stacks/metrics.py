@@ -1,7 +1,7 @@
 """Metric factories, one per namespace. Alarms and dashboards take metrics from here and never
 spell a metric name themselves (the pattern of cdklabs/cdk-monitoring-constructs).
 
-The normalizer's names come from ``prefix_routing.telemetry``, the module the Lambda imports, so
+The normalizer's names come from ``prefix_routing.rules.telemetry``, the module the Lambda imports, so
 an alarm cannot watch a metric nobody publishes.
 """
 

@@ -3,7 +3,7 @@
 For two workloads (a slice of the real Mooncake conversation trace, and AWS's long-context
 benchmark rebuilt by the lab) it starts the emulator once per routing strategy and replays the
 workload through the load tester twice: as careless clients send it (key order, whitespace,
-parameters before the prompt, NFD text: ``bodies.vary``) and normalized by ``prefix_routing.normalize``.
+parameters before the prompt, NFD text: ``bodies.vary``) and normalized by ``prefix_routing.rules``.
 Every request goes through boto3's own sagemaker-runtime client to the emulator over 127.0.0.1.
 
 The demo's fleets are smaller than the lab's so that caches fill within a couple of minutes of

@@ -13,7 +13,7 @@ from prefix_routing.lab.traces import Trace
 from prefix_routing.lab.workloads import WORKLOADS, LongContextSpec
 from prefix_routing.rules.errors import UserError
 
-# Shared by commands/analyze.py, simulate.py and tune.py (argparse only; no behaviour of its own).
+# Shared by cli/analyze.py, simulate.py and tune.py (argparse only; no behaviour of its own).
 
 
 def _ranged_int(name: str, low: int, high: int):

@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--vary-text-line-endings", action="store_true",
                         help="with --vary: also CRLF line endings inside the prompt text")
     source.add_argument("--normalize", action="store_true",
-                        help="normalize each body (prefix_routing.normalize) before sending (after --vary)")
+                        help="normalize each body (prefix_routing.rules) before sending (after --vary)")
     source.add_argument("--prefix-length", type=int, metavar="N", help="with --normalize: PrefixLength in bytes")
     source.add_argument("--normalizer-config", metavar="FILE", help="with --normalize: normalizer settings (JSON)")
     source.add_argument("--seed", type=int, default=0, help="seed of --vary and of retry jitter (default 0)")

@@ -39,7 +39,7 @@ and understands every header type (0 true, 1 false, 2 byte, 3 short, 4 integer, 
 
 It does not implement: the ``initial-request``/``initial-response`` events of RPC-style
 (``application/vnd.amazon.eventstream`` request bodies) services, message signing
-(``:chunk-signature``), or HTTP: :mod:`prefix_routing.runtime_server` puts these messages on the
+(``:chunk-signature``), or HTTP: :mod:`prefix_routing.emulator.server` puts these messages on the
 wire, and boto3 reads them.
 """
 

@@ -1,9 +1,9 @@
 """The lab's fleet model behind the SageMaker runtime's wire protocol, in real time.
 
-``runtime_server`` speaks the protocol (InvokeEndpoint, InvokeEndpointWithResponseStream, the
-OpenAI-compatible path, fault injection); :class:`FleetBackend` plugs ``fleet.Fleet`` in as the model.
+The emulator's server speaks the protocol (InvokeEndpoint, InvokeEndpointWithResponseStream, the
+OpenAI-compatible path, fault injection); :class:`FleetBackend` plugs the lab's ``Fleet`` in as the model.
 The fleet decides, when a request arrives, which copy serves it, how much of its prompt that copy
-has cached, and when each token comes out (``fleet.Placement``); the backend then streams the
+has cached, and when each token comes out (``Placement``); the backend then streams the
 answer on that schedule, ``speed`` times faster than the modelled GPUs. One model, two clocks: the
 lab runs it in simulated time.
 
@@ -114,7 +114,7 @@ class _Served:
 
 
 class FleetBackend:
-    """A ``runtime_server.Backend`` whose model is a ``fleet.Fleet`` running ``speed`` × real time."""
+    """A ``Backend`` whose model is the lab's ``Fleet`` running ``speed`` × real time."""
 
     def __init__(
         self,

@@ -24,7 +24,7 @@ What it implements (paths and headers from botocore's service model ``runtime.sa
   ``Content-Type: application/vnd.amazon.eventstream``, the payload's type in
   ``X-Amzn-SageMaker-Content-Type``, ``x-Amzn-Invoked-Production-Variant`` and custom attributes, and
   a chunked body of event-stream messages: one ``PayloadPart`` per backend chunk, then possibly a
-  ``ModelStreamError`` or ``InternalStreamFailure`` exception event (:mod:`prefix_routing.eventstream`).
+  ``ModelStreamError`` or ``InternalStreamFailure`` exception event (:mod:`prefix_routing.emulator.eventstream`).
 - Errors before the answer starts, in the rest-json error protocol (``X-Amzn-ErrorType`` header and a
   JSON body with the shape's members), so that botocore raises the modelled exception classes:
   ``ValidationError`` 400, ``ModelError`` 424 (``OriginalStatusCode``, ``OriginalMessage``,

@@ -37,7 +37,7 @@ class InvokeConfig:
     Build it from the Lambda's environment with :meth:`from_env` (the variables are those the stack
     sets, see ``stacks/constructs/normalizer_function.py``). Fields: ``endpoint_name`` (required),
     ``component_name``, ``tenancy`` (iam|header|none), ``tenant_header``, ``application_header``,
-    ``settings`` (:class:`~prefix_routing.normalize.NormalizerSettings`), ``max_attempts`` (total
+    ``settings`` (:class:`~prefix_routing.rules.NormalizerSettings`), ``max_attempts`` (total
     attempts of the upstream call, 1 = no retry), ``backoff_base_s``, ``backoff_max_s``,
     ``request_timeout_s`` (wall-clock budget of one request from its arrival; past it: 504),
     ``stream_usage`` (add ``stream_options.include_usage`` to streaming chat/completion bodies).
@@ -83,7 +83,7 @@ class InvokeConfig:
         ``ENDPOINT_NAME`` (required), ``INFERENCE_COMPONENT_NAME``, ``TENANCY`` (iam|header|none),
         ``TENANT_HEADER``, ``APPLICATION_HEADER``, ``PREFIX_LENGTH`` (0 or absent: the normalizer's
         default), ``BLOCK_BYTES``, ``NORMALIZER_SETTINGS`` (a JSON object of
-        :class:`~prefix_routing.normalize.NormalizerSettings` fields, e.g. freeze rules),
+        :class:`~prefix_routing.rules.NormalizerSettings` fields, e.g. freeze rules),
         ``UPSTREAM_MAX_ATTEMPTS``, ``REQUEST_TIMEOUT_S``, ``STREAM_USAGE`` (true|false).
         """
         env = os.environ if environ is None else environ

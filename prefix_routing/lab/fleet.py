@@ -1,7 +1,7 @@
 """The model of one SageMaker endpoint: routing, per-copy KV caches, prefill, decode and queueing.
 
 Pure computation, no I/O and no clock of its own: every call takes ``now`` (seconds on any clock).
-The lab drives it in simulated time (``lab.simulate``), the emulator in real time. One model, two
+The lab drives it in simulated time (:mod:`prefix_routing.lab.simulate`), the emulator in real time. One model, two
 clocks:
 
     fleet = Fleet(FleetConfig(instances=8, strategy=Strategy.PREFIX_AWARE, prefix_length=4096))

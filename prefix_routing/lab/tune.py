@@ -153,7 +153,7 @@ def _frontier(points: list[dict]) -> list[dict]:
 
 
 def config_snippet(prefix_length: int, threshold: int) -> str:
-    """The ``[routing]`` table of a stage file under ``config/`` (see prefix_routing/config.py)."""
+    """The ``[routing]`` table of a stage file under ``config/`` (see prefix_routing/stage/config.py)."""
     return (
         "[routing]\n"
         'strategy = "PREFIX_AWARE"\n'

@@ -24,7 +24,7 @@ _THROTTLE_CODES = frozenset(
         "rate_limit_exceeded",
     }
 )
-#: Error codes of the normalizer front door (``prefix_routing.invoke``: ``{"error": {"code": ...}}``
+#: Error codes of the normalizer front door (``prefix_routing.frontdoor``: ``{"error": {"code": ...}}``
 #: before the stream, ``{"error": {"type": ...}}`` in it) that name one of our kinds.
 _FRONT_DOOR_KINDS = {
     "throttled": "throttled",

@@ -104,7 +104,7 @@ class BodyPreparer:
     """Client variation and/or normalization of each body before it is sent.
 
     ``vary``: :func:`bodies.vary` with ``random.Random(f"{seed}:{index}")`` (reproducible per request).
-    ``normalize``: :func:`prefix_routing.normalize.normalize_body` with ``settings`` (default settings
+    ``normalize``: :func:`prefix_routing.rules.normalize_body` with ``settings`` (default settings
     when ``None``). Raises ``ValueError`` with the reason when a body cannot be prepared.
     """
 

@@ -1,6 +1,6 @@
 """Saved Logs Insights queries and Contributor Insights rules over the normalizer's request log.
 
-Field names come from ``prefix_routing.telemetry.LogField``: the Lambda writes exactly these.
+Field names come from ``prefix_routing.rules.telemetry.LogField``: the Lambda writes exactly these.
 Prefix fingerprints and tenants are unbounded, so they are ranked here, never used as metric
 dimensions.
 """
