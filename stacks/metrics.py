@@ -69,10 +69,22 @@ class SageMakerMetrics:
 
     Names from the SageMaker developer guide (aws-facts.md). Per-instance series exist only with
     enhanced metrics (``MetricsConfig.EnableEnhancedMetrics``), which the endpoint construct sets.
+    Copy counts are not among them: ``DesiredCopyCount`` / ``CurrentCopyCount`` are fields of
+    ``DescribeInferenceComponent``, which no AWS metric table lists, so no widget reads them.
     """
 
     NAMESPACE = "AWS/SageMaker"
     COMPONENT_UTILIZATION_NAMESPACE = "/aws/sagemaker/InferenceComponents"
+    #: The dimension set of the per-instance series that enhanced metrics add. ``SCHEMA(...)`` reads
+    #: only series with exactly this set: the component-level series (``InferenceComponentName``
+    #: alone), which every ``WHERE InferenceComponentName = ...`` also matches, would otherwise form
+    #: an extra null group "Other" under ``GROUP BY InstanceId``, and per-container series
+    #: (``..., ContainerId``) would be counted twice. Per instance rather than per container because
+    #: the instance is what the dashboard compares and what managed scaling adds or removes; whether
+    #: enhanced metrics publish this set is settled on first deploy (``verify`` lists the metrics).
+    PER_INSTANCE_DIMENSIONS = ("InferenceComponentName", "InstanceId")
+    #: ``ConcurrentRequestsPerCopy`` documents Minimum and Maximum only (no Average).
+    CONCURRENCY_STATISTICS = ("Minimum", "Maximum")
 
     def __init__(self, *, endpoint_name: str, component_name: str) -> None:
         self.endpoint_name = endpoint_name
@@ -104,7 +116,14 @@ class SageMakerMetrics:
         return self._component("NoCapacityInvocationFailures", "Sum", "no capacity failures")
 
     def concurrent_requests_per_copy(self, statistic: str = "Maximum") -> cloudwatch.Metric:
+        """The component-level series: a mean over copies, so its Maximum is not the busiest copy."""
+        if statistic not in self.CONCURRENCY_STATISTICS:
+            raise ValueError(f"ConcurrentRequestsPerCopy statistic {statistic!r}: AWS documents only "
+                             f"{' and '.join(self.CONCURRENCY_STATISTICS)}")
         return self._component("ConcurrentRequestsPerCopy", statistic, f"concurrent requests per copy ({statistic})")
+
+    def invocations_per_copy(self) -> cloudwatch.Metric:
+        return self._component("InvocationsPerCopy", "Sum", "invocations per copy")
 
     def gpu_utilization(self) -> cloudwatch.Metric:
         return self._component(
@@ -116,13 +135,6 @@ class SageMakerMetrics:
             "GPUMemoryUtilizationNormalized", "Average", "GPU memory %", self.COMPONENT_UTILIZATION_NAMESPACE
         )
 
-    def copy_counts(self) -> list[cloudwatch.Metric]:
-        # (unconfirmed) metric names: no AWS page we could check lists the copy-count metrics.
-        return [
-            self._component("DesiredCopyCount", "Average", "copies desired"),
-            self._component("CurrentCopyCount", "Average", "copies current"),
-        ]
-
     def error_rate_percent(self) -> cloudwatch.MathExpression:
         return cloudwatch.MathExpression(
             expression="100 * errors / MAX([errors, invocations])",
@@ -132,24 +144,27 @@ class SageMakerMetrics:
         )
 
     # Per-instance series: Metrics Insights queries, because instance ids are unknown at synth.
-    def _per_instance_query(self, function: str, metric: str) -> str:
+    def per_instance_query(self, function: str, metric: str) -> str:
+        """One series per instance, from the per-instance dimension set only (no "Other" group)."""
+        schema = ", ".join((f'"{self.NAMESPACE}"', *self.PER_INSTANCE_DIMENSIONS))
         return (
-            f'SELECT {function}({metric}) FROM "{self.NAMESPACE}" '
+            f"SELECT {function}({metric}) FROM SCHEMA({schema}) "
             f"WHERE InferenceComponentName = '{self.component_name}' GROUP BY InstanceId ORDER BY {function}() DESC"
         )
 
     def requests_per_instance(self) -> cloudwatch.MathExpression:
         return cloudwatch.MathExpression(
-            expression=self._per_instance_query("SUM", "Invocations"),
+            expression=self.per_instance_query("SUM", "Invocations"),
             using_metrics={},
             label="requests per instance",
             period=ONE_MINUTE,
         )
 
     def concurrency_per_instance(self) -> cloudwatch.MathExpression:
-        """One series per instance: the mean in-flight requests per copy there."""
+        """One series per instance: the highest in-flight requests per copy there in each minute (MAX:
+        the metric documents no average)."""
         return cloudwatch.MathExpression(
-            expression=self._per_instance_query("AVG", "ConcurrentRequestsPerCopy"),
+            expression=self.per_instance_query("MAX", "ConcurrentRequestsPerCopy"),
             using_metrics={},
             label="concurrent requests per copy, per instance",
             period=ONE_MINUTE,

@@ -109,7 +109,7 @@ class Simulator:
         """Simulate the requests of ``trace``; returns the seconds the loop took."""
         import time
 
-        config, fleet = self.config, self.fleet
+        config = self.config
         n = len(trace)
         if keys is None:
             keys = trace_keys(trace, config.key_blocks) if config.strategy is Strategy.PREFIX_AWARE else [None] * n

@@ -100,14 +100,17 @@ class RoutingAlarms(Construct):
         )
         self.pinned_at_threshold = None
         if routing.strategy == "PREFIX_AWARE" and routing.concurrency_threshold is not None:
+            # Per instance, not the component-level series: that one is a mean over copies, so one
+            # copy pinned at the threshold hardly moves it. Each instance is a contributor.
             self.pinned_at_threshold = alarm(
                 "PinnedAtThreshold",
-                sagemaker.concurrent_requests_per_copy("Maximum"),
+                sagemaker.concurrency_per_instance(),
                 threshold=routing.concurrency_threshold,
                 operator=Op.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
                 description=(
-                    f"A copy sits at the ConcurrencyThreshold ({routing.concurrency_threshold}): requests spill "
-                    "to colder copies and the hit rate falls."
+                    f"A copy sits at the ConcurrencyThreshold ({routing.concurrency_threshold}) on some instance "
+                    "(MAX of ConcurrentRequestsPerCopy per instance): requests spill to colder copies and the "
+                    "hit rate falls."
                 ),
             )
         self.error_rate = alarm(

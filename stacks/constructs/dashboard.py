@@ -53,7 +53,12 @@ class RoutingDashboard(Construct):
                 left=[sagemaker.concurrency_per_instance()],
                 width=third,
             ),
-            cloudwatch.GraphWidget(title="Copies: desired vs current", left=sagemaker.copy_counts(), width=third),
+            # Copy counts are not a CloudWatch metric (DescribeInferenceComponent fields): `verify` reads them.
+            cloudwatch.GraphWidget(
+                title="Invocations per copy (autoscaling's load signal)",
+                left=[sagemaker.invocations_per_copy()],
+                width=third,
+            ),
             cloudwatch.GraphWidget(
                 title="GPU utilization and memory (%)",
                 left=[sagemaker.gpu_utilization(), sagemaker.gpu_memory_utilization()],

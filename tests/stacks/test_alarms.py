@@ -68,13 +68,19 @@ def test_hit_rate_alarm_divides_cached_by_prompt_tokens(default_templates):
     assert alarm["AlarmActions"] == [_topic_ref(template)]
 
 
+def _per_instance_max_concurrency(component: str) -> str:
+    # Written out by hand from the Metrics Insights grammar: MAX (the metric documents no average),
+    # the per-instance dimension set only, one series per instance.
+    return ('SELECT MAX(ConcurrentRequestsPerCopy) FROM SCHEMA("AWS/SageMaker", InferenceComponentName, InstanceId) '
+            f"WHERE InferenceComponentName = '{component}' GROUP BY InstanceId ORDER BY MAX() DESC")
+
+
 def test_hotspot_alarm_watches_each_instance(default_templates):
     config = load_stage()
     template = default_templates["observability"]
     alarm = _by_description(_alarms(template), "fair share")
     (query,) = [m["Expression"] for m in alarm["Metrics"]]
-    assert "GROUP BY InstanceId" in query and "ConcurrentRequestsPerCopy" in query
-    assert f"InferenceComponentName = '{config.component_name}'" in query
+    assert query == _per_instance_max_concurrency(config.component_name)
     expected = min(config.scaling.target_concurrent_requests_per_copy * config.alarms.hotspot_factor,
                    config.routing.concurrency_threshold)
     assert alarm["Threshold"] == expected
@@ -82,13 +88,14 @@ def test_hotspot_alarm_watches_each_instance(default_templates):
     assert alarm["EvaluationPeriods"] == config.alarms.evaluation_periods
 
 
-def test_pinned_at_threshold_alarm(default_templates):
+def test_pinned_at_threshold_alarm_is_per_instance_not_the_component_mean(default_templates):
     config = load_stage()
     alarm = _by_description(_alarms(default_templates["observability"]), "sits at the ConcurrencyThreshold")
-    namespace, name, dimensions, statistic = _single_metric(alarm)
-    assert (namespace, name, statistic) == ("AWS/SageMaker", "ConcurrentRequestsPerCopy", "Maximum")
-    assert dimensions == [{"Name": "InferenceComponentName", "Value": config.component_name}]
+    assert "MetricName" not in alarm  # not the component-level series, a mean over copies
+    (query,) = [m["Expression"] for m in alarm["Metrics"]]
+    assert query == _per_instance_max_concurrency(config.component_name)
     assert alarm["Threshold"] == config.routing.concurrency_threshold
+    assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
 
 
 def test_error_rate_and_capacity_alarms(default_templates):

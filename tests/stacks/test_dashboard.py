@@ -1,6 +1,7 @@
 import json
 
 from prefix_routing.rules import telemetry
+from prefix_routing.stage.config import load_stage
 
 
 def _body(template):
@@ -11,8 +12,23 @@ def _body(template):
 
 def test_dashboard_shows_ttft_hit_rate_imbalance_capacity_and_errors(default_templates):
     body = _body(default_templates["observability"])
-    for title in ("Time to first token", "KV-cache hit rate", "Requests per instance", "Copies: desired vs current",
+    for title in ("Time to first token", "KV-cache hit rate", "Requests per instance", "Invocations per copy",
                   "GPU utilization", "Model latency", "Errors"):
         assert title in body, title
     assert telemetry.TTFT.name in body and '"p90"' in body
     assert "GROUP BY InstanceId" in body
+
+
+def test_per_instance_widgets_read_only_per_instance_series(default_templates):
+    body = _body(default_templates["observability"])
+    component = load_stage().component_name
+    where = f"WHERE InferenceComponentName = '{component}' GROUP BY InstanceId"
+    schema = 'FROM SCHEMA(\\"AWS/SageMaker\\", InferenceComponentName, InstanceId)'  # JSON-escaped in the body
+    assert f"SELECT SUM(Invocations) {schema} {where} ORDER BY SUM() DESC" in body
+    assert f"SELECT MAX(ConcurrentRequestsPerCopy) {schema} {where} ORDER BY MAX() DESC" in body
+
+
+def test_no_widget_reads_a_metric_no_aws_source_lists(default_templates):
+    body = _body(default_templates["observability"])
+    for name in ("DesiredCopyCount", "CurrentCopyCount"):  # DescribeInferenceComponent fields, not metrics
+        assert name not in body
