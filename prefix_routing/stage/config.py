@@ -229,6 +229,11 @@ class StageConfig(_Section):
         return f"{self.name}-prefix-llm-ic".lower()
 
     @property
+    def instances_at_rest(self) -> int:
+        """Instances serving when traffic is low: the minimum, or what the minimum copies need."""
+        return max(self.endpoint.instances_min, -(-self.endpoint.copies_min // self.copies_per_instance))
+
+    @property
     def copies_per_instance(self) -> int:
         known = INSTANCES.get(self.endpoint.instance_type)
         gpus = known.gpus if known else self.model.accelerators_per_copy
@@ -243,16 +248,33 @@ class StageConfig(_Section):
                 f"endpoint.instance_type {self.endpoint.instance_type!r} is not in the known table; "
                 "accelerator and memory fit are not checked"
             )
-        if self.routing.strategy == "PREFIX_AWARE" and self.endpoint.copies_max < 2:
+        prefix_aware = self.routing.strategy == "PREFIX_AWARE"
+        endpoint = self.endpoint
+        if prefix_aware and endpoint.copies_max < 2:
             found.append(
                 "routing.strategy PREFIX_AWARE has no effect: at most "
-                f"{self.endpoint.copies_max} copy can serve (routing by prefix needs two or more instances or copies)"
+                f"{endpoint.copies_max} copy can serve (routing by prefix needs two or more instances or copies)"
+            )
+        elif prefix_aware and endpoint.copies_min < 2:
+            found.append(
+                f"routing.strategy PREFIX_AWARE has no effect at rest: endpoint.copies_min = {endpoint.copies_min}, "
+                "so one copy serves until autoscaling adds another (routing by prefix needs two or more "
+                "instances or copies); set copies_min = 2"
+            )
+        elif prefix_aware and self.instances_at_rest < 2:
+            found.append(
+                f"routing.strategy PREFIX_AWARE at rest: {endpoint.copies_min} copies fit on one instance "
+                f"(endpoint.instances_min = {endpoint.instances_min}); botocore documents routing by prefix "
+                "'only when two or more instances can serve the request', so whether copies on one instance "
+                "count is uncertain: set instances_min = 2, or run `python -m prefix_routing verify` after "
+                "deploying to see what the endpoint does"
             )
         return found
 
 
-# The embedded default: Llama 3.1 8B on two single-GPU ml.g6e.xlarge instances, so that two copies
-# can serve and prefix-aware routing has a choice to make. Synthesizes with no file and no account.
+# The embedded default: Llama 3.1 8B on single-GPU ml.g6e.xlarge instances, two of them at rest (one
+# copy each), so that prefix-aware routing always has a choice to make; up to three under load.
+# Synthesizes with no file and no account.
 DEFAULT_STAGE_DATA: dict[str, Any] = {
     "name": DEFAULT_STAGE,
     "model": {
@@ -264,7 +286,7 @@ DEFAULT_STAGE_DATA: dict[str, Any] = {
         "accelerators_per_copy": 1,
         "memory_per_copy_mb": 24 * 1024,
     },
-    "endpoint": {"instance_type": "ml.g6e.xlarge", "instances_min": 1, "instances_max": 2, "copies_min": 1, "copies_max": 2},
+    "endpoint": {"instance_type": "ml.g6e.xlarge", "instances_min": 2, "instances_max": 3, "copies_min": 2, "copies_max": 3},
     "routing": {"strategy": "PREFIX_AWARE", "prefix_length": 4096, "concurrency_threshold": 10},
 }
 

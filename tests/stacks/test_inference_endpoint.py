@@ -118,3 +118,13 @@ def test_random_strategy_has_no_prefix_settings():
     _, templates = synth(stage_with(routing={"strategy": "RANDOM", "prefix_length": None, "concurrency_threshold": None}))
     variant = _only(templates["endpoint"], "AWS::SageMaker::EndpointConfig")["ProductionVariants"][0]
     assert variant["RoutingConfig"] == {"RoutingStrategy": "RANDOM"}
+
+
+def test_the_default_stage_serves_with_two_copies_at_rest(default_templates):
+    """PREFIX_AWARE needs two or more instances or copies: the default has both from the start."""
+    (config,) = default_templates["endpoint"].find_resources("AWS::SageMaker::EndpointConfig").values()
+    (variant,) = config["Properties"]["ProductionVariants"]
+    assert variant["InitialInstanceCount"] >= 2
+    assert variant["ManagedInstanceScaling"]["MinInstanceCount"] >= 2
+    (component,) = default_templates["endpoint"].find_resources("AWS::SageMaker::InferenceComponent").values()
+    assert component["Properties"]["RuntimeConfig"]["CopyCount"] >= 2

@@ -32,8 +32,8 @@ _DELETE = object()
         ("routing.concurrency_threshold", 0, "stage.toml: routing.concurrency_threshold = 0: allowed: from 1 to 1024"),
         ("routing.concurrency_threshold", 2048, "routing.concurrency_threshold = 2048: allowed: from 1 to 1024"),
         ("metrics.publish_frequency_s", 15, "metrics.publish_frequency_s = 15: must be one of 10, 30, 60, 120, 180, 240, 300"),
-        ("endpoint.instances_min", 3, "stage.toml: endpoint: instances_min (3) must be <= instances_max (2)"),
-        ("endpoint.copies_min", 5, "endpoint: copies_min (5) must be <= copies_max (2)"),
+        ("endpoint.instances_min", 4, "stage.toml: endpoint: instances_min (4) must be <= instances_max (3)"),
+        ("endpoint.copies_min", 5, "endpoint: copies_min (5) must be <= copies_max (3)"),
         ("routing.prefix_length", "4096", "routing.prefix_length = '4096': Input should be a valid integer"),
         ("endpoint.instance_type", _DELETE, "stage.toml: endpoint.instance_type: required field is missing"),
         ("routing.concurrency_threshold", None, "routing: PREFIX_AWARE needs both prefix_length (1024-65536) and concurrency_threshold (1-1024)"),
@@ -43,7 +43,7 @@ _DELETE = object()
         ("alarms.emails", ["not-an-address"], "alarms.emails.0 = 'not-an-address': String should match pattern"),
         ("model.model_s3_uri", "s3://bucket/x/", "model: set exactly one of model_id (Hugging Face id) or model_s3_uri"),
         ("model.accelerators_per_copy", 4, "model: tensor_parallel_degree (1) must equal accelerators_per_copy (4)"),
-        ("endpoint.copies_max", 5, "endpoint.copies_max (5) exceeds what instances_max (2) x 1 copies per instance can hold"),
+        ("endpoint.copies_max", 5, "endpoint.copies_max (5) exceeds what instances_max (3) x 1 copies per instance can hold"),
         ("scaling.target_concurrent_requests_per_copy", 20.0, "is above routing.concurrency_threshold (10)"),
         ("normalizer.log_retention_days", 10, "normalizer.log_retention_days = 10: Input should be 1, 3, 5, 7, 14, 30"),
     ],
@@ -65,7 +65,27 @@ def test_all_problems_are_reported_at_once():
 def test_the_embedded_default_is_valid_and_lets_routing_matter():
     config = load_stage()
     assert config.routing.strategy == "PREFIX_AWARE"
-    assert config.endpoint.copies_max >= 2 and config.warnings == []
+    # two single-GPU instances with a copy each at rest: prefix routing has a choice without autoscaling
+    assert config.endpoint.instances_min >= 2 and config.endpoint.copies_min >= 2
+    assert config.instances_at_rest >= 2 and config.warnings == []
+
+
+def test_warning_when_one_copy_serves_at_rest():
+    data = _with("endpoint.copies_min", 1)
+    config = parse_stage(data, source="s.toml")
+    (warning,) = config.warnings
+    assert "no effect at rest: endpoint.copies_min = 1" in warning and "set copies_min = 2" in warning
+
+
+def test_several_copies_on_one_instance_at_rest_is_uncertain():
+    data = _with("endpoint.instance_type", "ml.g6e.12xlarge")  # 4 GPUs: 4 single-GPU copies per instance
+    data["endpoint"].update(instances_min=1, copies_min=2)
+    config = parse_stage(data, source="s.toml")
+    assert config.copies_per_instance == 4 and config.instances_at_rest == 1
+    (warning,) = config.warnings
+    assert "2 copies fit on one instance" in warning and "uncertain" in warning and "verify" in warning
+    data["endpoint"]["instances_min"] = 2
+    assert parse_stage(data, source="s.toml").warnings == []
 
 
 def test_warning_when_only_one_copy_can_serve():
@@ -92,7 +112,12 @@ def test_stage_files(tmp_path):
 def test_example_stages_load(stage):
     config = load_stage(stage)
     assert config.name == stage
-    assert config.endpoint.copies_max >= 2 and not config.warnings
+    assert config.endpoint.copies_max >= 2
+    if stage == "llama8b-g6e":  # two copies at rest, both on one 4-GPU instance: said, not hidden
+        (warning,) = config.warnings
+        assert "copies fit on one instance" in warning
+    else:
+        assert not config.warnings
 
 
 def _field_paths(model, prefix=""):
