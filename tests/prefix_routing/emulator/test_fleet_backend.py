@@ -191,7 +191,7 @@ def test_cli_serves_then_stops_by_itself():
 
 def _one_copy_stage():
     data = json.loads(json.dumps(DEFAULT_STAGE_DATA))
-    data["endpoint"].update(instances_max=1, copies_max=1)
+    data["endpoint"].update(instances_min=1, instances_max=1, copies_min=1, copies_max=1)
     return parse_stage(data, source="test")
 
 
