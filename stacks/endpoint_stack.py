@@ -41,8 +41,9 @@ class EndpointStack(Stack):
         acknowledge(
             role,
             "IAM5",
-            "ecr:GetAuthorizationToken and cloudwatch:PutMetricData support no resource-level permissions "
-            "(PutMetricData is held to SageMaker's namespaces by a condition).",
+            "ecr:GetAuthorizationToken supports no resource-level permissions, and cloudwatch:PutMetricData's "
+            "only resource type (dataset) does not scope by namespace: it is held to SageMaker's /aws/sagemaker/* "
+            "namespaces by a condition.",
             "Resource::*",
         )
         acknowledge(

@@ -29,6 +29,7 @@ class ObservabilityStack(Stack):
             routing=config.routing,
             scaling=config.scaling,
             topic=self.alert_topic.topic,
+            cached_tokens_reported=config.model.reports_cached_tokens,
         )
         self.dashboard = RoutingDashboard(
             self,

@@ -71,6 +71,8 @@ class ModelSettings(_Section):
     def _s3_uri(cls, value: str | None) -> str | None:
         if value is not None and not re.fullmatch(r"s3://[a-z0-9.\-]{3,63}/.*", value):
             raise ValueError("must look like s3://bucket/prefix/")
+        if value is not None and not value.endswith("/"):
+            raise ValueError(f"{value!r} must end with '/': an S3Prefix model data URI names a folder")
         return value
 
     @model_validator(mode="after")
@@ -83,6 +85,12 @@ class ModelSettings(_Section):
                 f"({self.accelerators_per_copy}): each copy shards the model over its own accelerators"
             )
         return self
+
+    @property
+    def reports_cached_tokens(self) -> bool:
+        """Whether the container reports ``usage.prompt_tokens_details.cached_tokens`` (the vLLM DLC
+        with ``SM_VLLM_ENABLE_PROMPT_TOKENS_DETAILS``; DJL-LMI drops that frontend flag)."""
+        return self.framework == "vllm"
 
     @property
     def s3_bucket(self) -> str | None:
@@ -243,6 +251,11 @@ class StageConfig(_Section):
     def warnings(self) -> list[str]:
         """Legal settings that probably do not do what was meant."""
         found = []
+        if not self.model.reports_cached_tokens:
+            found.append(
+                f"model.framework {self.model.framework!r} reports no cached tokens (LMI does not forward vLLM's "
+                "enable_prompt_tokens_details): the KV-cache hit-rate alarm is left out and its chart stays empty"
+            )
         if self.endpoint.instance_type not in INSTANCES:
             found.append(
                 f"endpoint.instance_type {self.endpoint.instance_type!r} is not in the known table; "

@@ -31,7 +31,8 @@ class AlertTopic(Construct):
 
 class RoutingAlarms(Construct):
     """Attributes: ``ttft_p50``, ``hit_rate``, ``hotspot``, ``pinned_at_threshold``, ``error_rate``,
-    ``capacity_failures`` (each a ``cloudwatch.Alarm``) and ``all``."""
+    ``capacity_failures`` (each a ``cloudwatch.Alarm``; ``hit_rate`` None when the container reports no
+    cached tokens, ``pinned_at_threshold`` None without PREFIX_AWARE) and ``all``."""
 
     def __init__(
         self,
@@ -44,6 +45,7 @@ class RoutingAlarms(Construct):
         routing: RoutingSettings,
         scaling: ScalingSettings,
         topic: sns.ITopic,
+        cached_tokens_reported: bool = True,
     ) -> None:
         super().__init__(scope, construct_id)
         periods = settings.evaluation_periods
@@ -72,7 +74,8 @@ class RoutingAlarms(Construct):
             operator=Op.GREATER_THAN_THRESHOLD,
             description=f"P50 time to first token above {settings.ttft_p50_ms:g} ms, measured by the normalizer.",
         )
-        self.hit_rate = alarm(
+        # Only containers that report cached tokens have a hit rate (ModelSettings.reports_cached_tokens).
+        self.hit_rate = None if not cached_tokens_reported else alarm(
             "HitRate",
             normalizer.hit_rate(),
             threshold=settings.minimum_hit_rate,

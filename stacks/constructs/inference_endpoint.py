@@ -21,7 +21,8 @@ def container_environment(model: ModelSettings) -> dict[str, str]:
     """Environment that turns on prefix caching and prompt-token details for the framework.
 
     Prompt-token details make vLLM report ``usage.prompt_tokens_details.cached_tokens``, from which
-    the normalizer measures the KV-cache hit rate. The stage's own ``environment`` wins.
+    the normalizer measures the KV-cache hit rate (the vLLM DLC only: see ``reports_cached_tokens``).
+    The stage's own ``environment`` wins.
     """
     source = model.model_id or MODEL_DIR
     if model.framework == "vllm":
@@ -37,7 +38,8 @@ def container_environment(model: ModelSettings) -> dict[str, str]:
             "HF_MODEL_ID": source,
             "OPTION_TENSOR_PARALLEL_DEGREE": str(model.tensor_parallel_degree),
             "OPTION_ENABLE_PREFIX_CACHING": "true",
-            "OPTION_ENABLE_PROMPT_TOKENS_DETAILS": "true",
+            # No prompt-token details: LMI forwards only OPTION_* that name vLLM *engine* arguments, and
+            # enable_prompt_tokens_details is a frontend flag, so LMI reports no cached tokens.
         }
     return {**env, **model.environment}
 
@@ -225,12 +227,14 @@ class InferenceEndpoint(Construct):
                 ],
             )
         )
-        # PutMetricData has no resource-level permissions; the condition keeps it to SageMaker's namespaces.
+        # PutMetricData's one resource type (dataset) does not scope by namespace, so the resource stays
+        # "*" and a condition keeps it to SageMaker's container namespaces. Namespaces beginning with
+        # "AWS/" are reserved for AWS services: no role can write there, so none is listed.
         role.add_to_policy(
             iam.PolicyStatement(
                 actions=["cloudwatch:PutMetricData"],
                 resources=["*"],
-                conditions={"StringLike": {"cloudwatch:namespace": ["/aws/sagemaker/*", "AWS/SageMaker"]}},
+                conditions={"StringLike": {"cloudwatch:namespace": ["/aws/sagemaker/*"]}},
             )
         )
         return role

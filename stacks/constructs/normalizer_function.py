@@ -40,9 +40,10 @@ VENDORED_DIR = ROOT / "build" / "lambda-python"
 LIBRARY_PACKAGES = ("rules", "frontdoor")
 
 # AWS Lambda Web Adapter, published by AWS as a public layer in account 753240598075 of every
-# commercial region (arm64 name below; x86_64 is LambdaAdapterLayerX86). Version 30 is the one the
-# adapter's user guide lists for LWA 1.0.x (github.com/aws/aws-lambda-web-adapter,
-# docs/guide/src/getting-started/zip-packages.md). Pinned here and only here: bump it after testing.
+# commercial region (arm64 name below; x86_64 is LambdaAdapterLayerX86). Version 30 is LWA 1.1.0:
+# the adapter's examples that use it pin 1.1.0 (its guide names 27 for 1.0.0, its README 28 for
+# 1.0.1; github.com/aws/aws-lambda-web-adapter). Pinned here and only here: bump it after testing;
+# `aws lambda get-layer-version-by-arn` shows what a region serves.
 LWA_LAYER_ACCOUNT = "753240598075"
 LWA_LAYER_NAME = "LambdaAdapterLayerArm64"
 LWA_LAYER_VERSION = 30

@@ -1,5 +1,6 @@
 from prefix_routing.rules import telemetry
 from prefix_routing.stage.config import load_stage
+from tests.stacks.conftest import stage_with, synth
 
 
 def _alarms(template):
@@ -124,3 +125,13 @@ def test_email_subscriptions_from_config():
     templates["observability"].has_resource_properties(
         "AWS::SNS::Subscription", {"Protocol": "email", "Endpoint": "oncall@example.com"}
     )
+
+
+def test_no_hit_rate_alarm_for_a_container_that_reports_no_cached_tokens():
+    config = stage_with(model={"framework": "djl-lmi", "image_repository": "djl-inference",
+                               "image_tag": "0.33.0-lmi15.0.0-cu128"})
+    assert any("reports no cached tokens" in w for w in config.warnings)
+    _, templates = synth(config)
+    descriptions = [a["AlarmDescription"] for a in _alarms(templates["observability"]).values()]
+    assert not any("KV-cache hit rate" in d for d in descriptions)
+    assert any("P50 time to first token" in d for d in descriptions)  # the rest stay

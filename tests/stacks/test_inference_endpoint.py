@@ -89,6 +89,21 @@ def test_container_environment_per_framework(framework, expected):
     env = container_environment(config.model)
     assert expected.items() <= env.items()
     assert env["EXTRA"] == "1"
+    # LMI drops vLLM's frontend flag: asking for it would only suggest cached tokens that never come.
+    assert ("OPTION_ENABLE_PROMPT_TOKENS_DETAILS" in env) is False
+    assert config.model.reports_cached_tokens is (framework == "vllm")
+
+
+def test_put_metric_data_only_to_sagemaker_container_namespaces(default_templates):
+    statements = [
+        s
+        for policy in default_templates["endpoint"].find_resources("AWS::IAM::Policy").values()
+        for s in policy["Properties"]["PolicyDocument"]["Statement"]
+        if s["Action"] == "cloudwatch:PutMetricData"
+    ]
+    (statement,) = statements
+    # "AWS/..." namespaces are reserved for AWS services: listing one would be dead weight.
+    assert statement["Condition"] == {"StringLike": {"cloudwatch:namespace": ["/aws/sagemaker/*"]}}
 
 
 def test_execution_role_reads_only_the_model_prefix_and_pulls_only_its_image():

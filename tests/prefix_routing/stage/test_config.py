@@ -95,6 +95,15 @@ def test_warning_when_only_one_copy_can_serve():
     assert any("has no effect" in w for w in config.warnings)
 
 
+def test_model_s3_uri_must_name_a_folder():
+    data = _with("model.model_id", None)
+    data["model"]["model_s3_uri"] = "s3://my-weights/llama/8b"
+    with pytest.raises(ConfigError, match=r"model.model_s3_uri = .*'s3://my-weights/llama/8b' must end with '/'"):
+        parse_stage(data, source="s.toml")
+    data["model"]["model_s3_uri"] = "s3://my-weights/llama/8b/"
+    assert parse_stage(data, source="s.toml").model.s3_prefix == "llama/8b/"
+
+
 def test_unknown_instance_type_is_a_warning_not_an_error():
     config = parse_stage(_with("endpoint.instance_type", "ml.g7.xlarge"), source="s.toml")
     assert any("not in the known table" in w for w in config.warnings)
