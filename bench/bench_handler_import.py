@@ -12,7 +12,10 @@ Each measurement is a fresh ``python`` subprocess that times one import statemen
   request's metrics add once its answer has streamed (``prefix_routing.frontdoor.emf_document`` imports
   the provider then, keeping it off the cold start's path to the first token);
 * ``server``: ``import server`` (the web app ``run.sh`` starts in Lambda: the handler plus
-  ``http.server``), for information.
+  ``http.server``), for information;
+* ``asset boto3`` and ``asset handler``: the same imports from the synthesized asset in
+  ``cdk.out`` alone (``python -I -S``, so the vendored boto3/botocore answer), when ``make synth``
+  has written it, for information: what the function pays, with the asset's size.
 
 Runs alternate between the imports so that a noisy machine slows them alike; the figures are ratios
 of medians, of wall-clock time and of the subprocess's CPU time. The target is checked on CPU time:
@@ -55,11 +58,27 @@ STATEMENTS = {
 }
 
 
-def measure(module: str, env: dict[str, str]) -> tuple[float, float]:
+#: The same imports from the synthesized Lambda asset alone (``-I -S``: no site-packages, so the
+#: vendored boto3/botocore answer), for information: what the function itself pays.
+ASSET_STATEMENTS = {"asset boto3": "import boto3", "asset handler": "import handler"}
+
+
+def find_asset() -> Path | None:
+    """The normalizer's asset in ``cdk.out`` (``make synth`` writes it), or None."""
+    found = sorted((p for p in (ROOT / "cdk.out").glob("asset.*") if (p / "handler.py").is_file()),
+                   key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+def measure(module: str, env: dict[str, str], asset: Path | None = None) -> tuple[float, float]:
     """(wall-clock seconds, CPU seconds) of the module's import statement in a fresh interpreter."""
-    code = _SNIPPET.format(root=str(ROOT), lambda_dir=str(LAMBDA_DIR), statement=STATEMENTS[module])
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(ROOT),
-                         check=True)
+    if module in ASSET_STATEMENTS:
+        code = _SNIPPET.format(root=str(asset), lambda_dir=str(asset), statement=ASSET_STATEMENTS[module])
+        command, cwd = [sys.executable, "-I", "-S", "-B", "-c", code], str(asset)
+    else:
+        code = _SNIPPET.format(root=str(ROOT), lambda_dir=str(LAMBDA_DIR), statement=STATEMENTS[module])
+        command, cwd = [sys.executable, "-c", code], str(ROOT)
+    out = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, check=True)
     wall, cpu = out.stdout.strip().splitlines()[-1].split()
     return float(wall), float(cpu)
 
@@ -78,14 +97,15 @@ def main(argv: list[str] | None = None) -> int:
         cache = tempfile.TemporaryDirectory(prefix="bench-pyc-")
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["PYTHONPYCACHEPREFIX"] = cache.name
-    modules = tuple(STATEMENTS)
+    asset = find_asset()
+    modules = tuple(STATEMENTS) + (tuple(ASSET_STATEMENTS) if asset else ())
     for module in modules:  # warm the page cache (and the bytecode cache with --pyc); not counted
-        measure(module, env)
+        measure(module, env, asset)
     wall: dict[str, list[float]] = {module: [] for module in modules}
     cpu: dict[str, list[float]] = {module: [] for module in modules}
     for _ in range(args.runs):
         for module in modules:
-            w, c = measure(module, env)
+            w, c = measure(module, env, asset)
             wall[module].append(w)
             cpu[module].append(c)
     med_wall = {module: statistics.median(values) for module, values in wall.items()}
@@ -97,6 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     for module in modules:
         print(f"{module:<12} {med_wall[module] * 1000:>9.1f} {med_wall[module] / med_wall['boto3']:>6.2f}x "
               f"{med_cpu[module] * 1000:>8.1f} {med_cpu[module] / med_cpu['boto3']:>6.2f}x")
+    if asset is None:
+        print("asset rows left out: no normalizer asset in cdk.out (run `make synth` first)")
+    else:
+        files = [p for p in asset.rglob("*") if p.is_file()]
+        size = sum(p.stat().st_size for p in files)
+        print(f"asset {asset.relative_to(ROOT)}: {len(files)} files, {size / 2**20:.1f} MiB unzipped; "
+              f"asset handler / asset boto3 = {med_cpu['asset handler'] / med_cpu['asset boto3']:.2f}x CPU time "
+              "(the vendored SDK, no site-packages; for information)")
     ratio_wall = med_wall["handler"] / med_wall["boto3"]
     ratio = med_cpu["handler"] / med_cpu["boto3"]
     verdict = "ok" if ratio <= TARGET else "MISSED"

@@ -15,7 +15,8 @@ What is deployed is exactly ``lambda/normalizer/`` (see ``handler.py`` there for
 The asset is ``lambda/normalizer/`` plus the parts of ``prefix_routing`` the Lambda runs (the rules,
 the front door's logic and the telemetry contract) plus the pinned dependencies (Powertools) that
 ``make install`` vendors into ``build/lambda-python``: a plain file copy, so synth needs neither
-Docker nor the network. boto3 comes with the runtime. ``run.sh`` is made executable in the asset whatever the checkout's file modes are.
+Docker nor the network. boto3 and botocore are vendored too, pinned (the runtime's own may predate
+``PrefixAwareId``), and ``run.sh`` puts the asset first on ``PYTHONPATH``. ``run.sh`` is made executable in the asset whatever the checkout's file modes are.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ class _CopyBundler:
                 f"{VENDORED_DIR} is missing: run `make install` (it vendors the Lambda's pinned dependencies)"
             )
         out = Path(output_dir)
-        shutil.copytree(VENDORED_DIR, out, dirs_exist_ok=True)
+        # No bytecode: pip compiled it for this machine's Python, which the function's runtime ignores.
+        shutil.copytree(VENDORED_DIR, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         shutil.copytree(HANDLER_DIR, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         (out / HANDLER).chmod(0o755)  # Lambda executes it: the zip must carry the mode
         (out / "prefix_routing").mkdir(exist_ok=True)

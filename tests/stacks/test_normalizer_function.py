@@ -1,10 +1,13 @@
+import json
 import os
+import subprocess
+import sys
 import stat
 from pathlib import Path
 
 from prefix_routing.frontdoor.config import InvokeConfig
 from prefix_routing.stage.config import load_stage
-from stacks.constructs.normalizer_function import LWA_LAYER_NAME, LWA_LAYER_VERSION
+from stacks.constructs.normalizer_function import LWA_LAYER_NAME, LWA_LAYER_VERSION, ROOT
 from tests.test_architecture import imports_of, module_name, room_of
 
 
@@ -141,3 +144,56 @@ def test_tenant_key_is_a_generated_secret_only_the_function_reads(default_templa
     statements = [s for s in _policy_statements(template) if "secretsmanager" in str(s["Action"])]
     assert statements == [{"Action": "secretsmanager:GetSecretValue", "Effect": "Allow",
                            "Resource": {"Ref": secret_id}}]
+
+
+_ISOLATED_CHECK = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import botocore, boto3
+from botocore.session import get_session
+model = get_session().get_service_model("sagemaker-runtime")
+members = {name: sorted(model.operation_model(name).input_shape.members)
+           for name in ("InvokeEndpoint", "InvokeEndpointWithResponseStream")}
+import handler
+print(json.dumps({"botocore": botocore.__file__, "boto3": boto3.__file__, "version": botocore.__version__,
+                  "members": members, "handler": handler.__file__, "path": sys.path}))
+"""
+
+
+def _run_isolated(asset: Path) -> subprocess.CompletedProcess:
+    # -I: no PYTHONPATH, no user site; -S: no site-packages at all, so only the asset and the
+    # standard library can answer an import (as on a Lambda runtime whose bundled SDK is older);
+    # -B: the asset stays as synthesized.
+    return subprocess.run([sys.executable, "-I", "-S", "-B", "-c", _ISOLATED_CHECK, str(asset)], capture_output=True,
+                          text=True, timeout=120, cwd=asset, env={"AWS_DEFAULT_REGION": "us-east-1"})
+
+
+def test_the_asset_carries_its_own_sdk_that_knows_prefix_aware_id(default_stage):
+    stacks, _ = default_stage
+    (asset,) = [p for p in Path(stacks.normalizer.node.root.outdir).glob("asset.*") if (p / "handler.py").is_file()]
+    # bytecode compiled here would be for another Python than the function's runtime: none is shipped
+    assert not [p for p in asset.rglob("*.pyc")][:1]
+    result = _run_isolated(asset)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    for module in ("botocore", "boto3", "handler"):
+        assert Path(found[module]).resolve().is_relative_to(asset.resolve()), (module, found[module])
+    assert found["version"] == _pinned("botocore")
+    for operation, members in found["members"].items():
+        assert {"PrefixAwareId", "InferenceComponentName", "EndpointName", "Body"} <= set(members), operation
+
+
+def _pinned(package: str) -> str:
+    """The version requirements-dev.txt pins; the Lambda's requirements must pin the same."""
+    def pins(path: Path) -> dict[str, str]:
+        lines = [l.split("#")[0].strip() for l in path.read_text().splitlines()]
+        return dict(l.split("==", 1) for l in lines if "==" in l)
+    dev, lam = pins(ROOT / "requirements-dev.txt"), pins(ROOT / "lambda" / "normalizer" / "requirements.txt")
+    assert lam[package] == dev[package], (package, lam[package], dev[package])
+    return dev[package]
+
+
+def test_run_sh_puts_the_asset_first_then_the_adapter_example_path():
+    run = (ROOT / "lambda" / "normalizer" / "run.sh").read_text()
+    (line,) = [l for l in run.splitlines() if l.startswith("export PYTHONPATH=")]
+    assert line == 'export PYTHONPATH="${LAMBDA_TASK_ROOT}:/opt/python:${LAMBDA_RUNTIME_DIR}${PYTHONPATH:+:${PYTHONPATH}}"'
