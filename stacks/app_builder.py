@@ -23,7 +23,7 @@ class StageStacks:
 def build_stage(app: App, config: StageConfig) -> StageStacks:
     # Env-agnostic unless the stage names an account or region: synth needs no credentials.
     env = Environment(account=config.account, region=config.region) if (config.account or config.region) else None
-    prefix = f"PrefixRouting-{config.name}"
+    prefix = config.stack_prefix
     endpoint = EndpointStack(app, f"{prefix}-Endpoint", config=config, env=env)
     normalizer = NormalizerStack(app, f"{prefix}-Normalizer", config=config, env=env)
     observability = ObservabilityStack(

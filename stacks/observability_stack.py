@@ -34,7 +34,7 @@ class ObservabilityStack(Stack):
         self.dashboard = RoutingDashboard(
             self,
             "Dashboard",
-            dashboard_name=f"{config.endpoint_name}-routing",
+            dashboard_name=config.dashboard_name,
             normalizer=normalizer,
             sagemaker=sagemaker,
             alarms=self.alarms.all,

@@ -31,6 +31,8 @@ ROOMS = {
     "prefix_routing.emulator.": "emulator",
     "prefix_routing.loadtest": "loadtest",
     "prefix_routing.loadtest.": "loadtest",
+    "prefix_routing.verify": "verify",  # checks a live deployment against its stage
+    "prefix_routing.verify.": "verify",
     "prefix_routing.cli": "cli",  # the command line and what only it runs
     "prefix_routing.cli.": "cli",
     "prefix_routing.__main__": "cli",
@@ -49,7 +51,8 @@ ALLOWED = {
     "lab": ({"rules", "stage"}, {"numpy", "matplotlib", "tqdm", "boto3", "botocore"}),
     "emulator": ({"rules", "stage", "lab"}, set()),
     "loadtest": ({"rules", "stage", "lab", "emulator"}, {"boto3", "botocore", "matplotlib", "tqdm", "sagemaker"}),
-    "cli": ({"rules", "stage", "lab", "emulator", "loadtest", "frontdoor", "package"}, set()),
+    "verify": ({"rules", "stage", "loadtest"}, {"boto3", "botocore"}),
+    "cli": ({"rules", "stage", "lab", "emulator", "loadtest", "frontdoor", "verify", "package"}, set()),
     "stacks": ({"stage", "package"}, {"aws_cdk", "constructs", "cdk_nag", "jsii"}),
     "lambda": ({"frontdoor", "rules", "package"}, {"boto3", "botocore"}),
 }

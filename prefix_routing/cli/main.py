@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "emulate": "emulate",
     "loadtest": "loadtest",
     "demo": "demo",
+    "verify": "verify",
 }
 
 

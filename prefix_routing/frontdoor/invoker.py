@@ -52,6 +52,13 @@ def _json_bytes(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
+def _with_request_id(headers: dict[str, str], request: FrontRequest) -> dict[str, str]:
+    """Every answer names its request id (Lambda's), the key of its log line."""
+    if request.request_id:
+        headers["x-request-id"] = request.request_id
+    return headers
+
+
 def _in_band_error(fmt: str | None, error: UpstreamError, last_byte: bytes) -> bytes:
     """The error event appended to a stream whose 200 head was already sent."""
     payload = _json_bytes({"error": {"message": error.message, "type": error.kind, "code": error.status}})
@@ -132,7 +139,7 @@ class Invoker:
             if head_sent:
                 yield _in_band_error(state.reader.format if state.reader else None, error, b"")
             else:
-                yield Head(500, dict(JSON_HEADERS))
+                yield Head(500, _with_request_id(dict(JSON_HEADERS), request))
                 yield _json_bytes(error.body())
             self._conclude(request, record, state)
             yield Outcome(500, error.body()["error"], record, state.reader)
@@ -164,7 +171,7 @@ class Invoker:
             if error.status == 405:
                 headers["allow"] = "POST"
             state.head_sent = True
-            yield Head(error.status, headers)
+            yield Head(error.status, _with_request_id(headers, request))
             yield _json_bytes(error.body())
             self._conclude(request, record, state)
             yield Outcome(error.status, error.body()["error"], record)
@@ -188,7 +195,7 @@ class Invoker:
                 headers["retry-after"] = str(max(1, math.ceil(self.config.backoff_max_s)))
             body = error.body(record.attempts)
             state.head_sent = True
-            yield Head(error.status, headers)
+            yield Head(error.status, _with_request_id(headers, request))
             yield _json_bytes(body)
             self._conclude(request, record, state)
             yield Outcome(error.status, body["error"], record)
@@ -203,7 +210,7 @@ class Invoker:
         }
         record.status = 200
         state.head_sent = True
-        yield Head(200, headers)
+        yield Head(200, _with_request_id(headers, request))
         failure: UpstreamError | None = None
         last = opened.first[-2:]
         reader.feed(opened.first)

@@ -232,6 +232,15 @@ class StageConfig(_Section):
         return f"{self.name}-prefix-llm".lower()
 
     @property
+    def stack_prefix(self) -> str:
+        """The stacks are ``<prefix>-Endpoint``, ``<prefix>-Normalizer`` and ``<prefix>-Observability``."""
+        return f"PrefixRouting-{self.name}"
+
+    @property
+    def dashboard_name(self) -> str:
+        return f"{self.endpoint_name}-routing"
+
+    @property
     def component_name(self) -> str:
         """The inference component's explicit name (CloudFormation's Ref gives only its ARN)."""
         return f"{self.name}-prefix-llm-ic".lower()

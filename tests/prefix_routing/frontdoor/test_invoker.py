@@ -46,6 +46,20 @@ def test_stream_yields_head_chunks_outcome_and_exact_params(lines):
     assert log["prefix_aware_id"] == identity.prefix_aware_id
 
 
+def test_every_answer_names_its_request_id_the_key_of_its_log_line(lines):
+    import dataclasses
+
+    request = dataclasses.replace(frontdoor.request_from_event(url_event()), request_id="req-42")
+    head = next(iter(frontdoor.Invoker(FakeRuntime(), config(), KEY, emit=lines).stream(request)))
+    assert head.status == 200 and head.headers["x-request-id"] == "req-42"
+    bad = dataclasses.replace(frontdoor.request_from_event(url_event(b"{")), request_id="req-43")
+    head = next(iter(frontdoor.Invoker(FakeRuntime(), config(), KEY, emit=lines).stream(bad)))
+    assert head.status == 400 and head.headers["x-request-id"] == "req-43"
+    anonymous = dataclasses.replace(frontdoor.request_from_event(url_event()), request_id=None)
+    head = next(iter(frontdoor.Invoker(FakeRuntime(), config(), KEY, emit=lines).stream(anonymous)))
+    assert "x-request-id" not in head.headers
+
+
 def test_no_component_means_no_inference_component_parameter():
     runtime = FakeRuntime()
     invoker = frontdoor.Invoker(runtime, config(component_name=None), KEY, emit=lambda line: None)
