@@ -3,9 +3,9 @@
 One subpackage per capability, split by what runs where. Each room imports only the rooms below it
 (``tests/test_architecture.py`` checks every arrow; ``docs/architecture.md`` draws them)::
 
-    cli ──► loadtest ──► emulator ──► lab ──► stage ──► rules
-     │                                                    ▲
-     └──────────────────────────► frontdoor ──────────────┘      stacks/ ──► stage, rules.telemetry
+    cli ──► verify ──► loadtest ──► emulator ──► lab ──► stage ──► rules
+     │                                                              ▲
+     └──────────────────────────────────► frontdoor ────────────────┘      stacks/ ──► stage, rules.telemetry
 
 - ``rules``      what runs everywhere, standard library only: the canonical body, text and freeze
                  rules, tenant identity, fingerprints and block hashes, and ``telemetry`` (the metric
@@ -19,6 +19,7 @@ One subpackage per capability, split by what runs where. Each room imports only 
                  workloads, plots. Never imports the emulator or the load tester.
 - ``emulator``   the SageMaker runtime's wire protocol on 127.0.0.1, faults, the server, backends.
 - ``loadtest``   work items, stream parsing, targets, the runner, reports.
+- ``verify``     a live deployment against its stage file (boto3, read-only but ``--invoke``).
 - ``cli``        ``python -m prefix_routing <command>``: one thin module per command. Nothing
                  imports it.
 
