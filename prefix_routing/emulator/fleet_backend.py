@@ -31,11 +31,12 @@ from typing import Any
 
 from prefix_routing.emulator.backend import BackendResponse, ErrorReply
 from prefix_routing.emulator.chat import chat_response, parse_chat_request
-from prefix_routing.emulator.protocol import RuntimeRequest
+from prefix_routing.emulator.protocol import OP_CHAT_COMPLETIONS, RuntimeRequest
 from prefix_routing.lab.fleet import Fleet, Request
 from prefix_routing.lab.fleet_config import FleetConfig
 from prefix_routing.rules.errors import UserError
 from prefix_routing.rules.identity import block_hashes
+from prefix_routing.rules.openai_path import routing_id as openai_routing_id, routing_prefix
 from prefix_routing.stage.config import StageConfig
 from prefix_routing.stage.presets import INSTANCES, PRESETS, Preset
 
@@ -163,13 +164,19 @@ class FleetBackend:
             return chat
         prompt = chat.prompt_text.encode("utf-8")
         prompt_tokens = max(1, math.ceil(len(prompt) / BYTES_PER_TOKEN))
-        key = hashlib.sha256(request.body[: self.config.prefix_length]).digest()
+        if request.operation == OP_CHAT_COMPLETIONS:
+            # The OpenAI-compatible path routes on the messages' text and prompt_cache_key.
+            key = hashlib.sha256(routing_prefix(chat.body, self.config.prefix_length).encode("utf-8")).digest()
+            routing_id = openai_routing_id(chat.body)
+        else:  # InvokeEndpoint(WithResponseStream): the body's first PrefixLength bytes and the header
+            key = hashlib.sha256(request.body[: self.config.prefix_length]).digest()
+            routing_id = request.headers.prefix_aware_id or None
         salt = hashlib.sha512(chat.cache_salt.encode("utf-8")).digest()  # 64 bytes: exactly one block
         fleet_request = Request(
             prompt_tokens=prompt_tokens,
             output_tokens=chat.n_out,
             blocks=block_hashes(salt + prompt, BLOCK_BYTES)[1:],  # the salt block only seeds the chain
-            routing_id=request.headers.prefix_aware_id or None,
+            routing_id=routing_id,
             key=key,
         )
         with self._lock:

@@ -26,6 +26,7 @@ emulator. It is deterministic across processes (no ``hash()``, no set iteration)
 The modules: :mod:`.constants` (limits, field orders), :mod:`.errors`, :mod:`.settings`
 (:class:`NormalizerSettings`, :class:`FreezeRule`), :mod:`.identity` (routing identity, fingerprints,
 block hashes), :mod:`.text`, :mod:`.parse`, :mod:`.freeze`, :mod:`.body` (:func:`normalize_body`),
+:mod:`.openai_path` (how the OpenAI-compatible path routes; :func:`prepare_openai_request`),
 and :mod:`.telemetry` (the metric and log-field contract). Nothing here imports anything of ours
 outside this package, nor anything outside the standard library.
 """
@@ -40,6 +41,7 @@ from prefix_routing.rules.constants import (
 )
 from prefix_routing.rules.errors import NormalizationError, SettingsError, UserError
 from prefix_routing.rules.identity import RoutingIdentity, block_hashes, prefix_fingerprint, routing_identity
+from prefix_routing.rules.openai_path import prepare_openai_request
 from prefix_routing.rules.settings import FreezeRule, NormalizerSettings
 from prefix_routing.rules.text import normalize_text
 
@@ -60,5 +62,6 @@ __all__ = [
     "normalize_body",
     "normalize_text",
     "prefix_fingerprint",
+    "prepare_openai_request",
     "routing_identity",
 ]
