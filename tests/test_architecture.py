@@ -47,7 +47,7 @@ ALLOWED = {
     "package": (set(), set()),
     "rules": (set(), set()),
     "frontdoor": ({"rules"}, {"boto3", "botocore", "aws_lambda_powertools"}),
-    "stage": ({"rules"}, {"pydantic"}),
+    "stage": ({"rules"}, {"pydantic", "sagemaker"}),  # sagemaker: stage/images.py only, imported lazily
     "lab": ({"rules", "stage"}, {"numpy", "matplotlib", "tqdm", "boto3", "botocore"}),
     "emulator": ({"rules", "stage", "lab"}, set()),
     "loadtest": ({"rules", "stage", "lab", "emulator"}, {"boto3", "botocore", "matplotlib", "tqdm", "sagemaker"}),

@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "loadtest": "loadtest",
     "demo": "demo",
     "verify": "verify",
+    "images": "images",
 }
 
 
