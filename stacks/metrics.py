@@ -51,6 +51,11 @@ class NormalizerMetrics:
     def upstream_errors(self) -> cloudwatch.Metric:
         return self._metric(telemetry.UPSTREAM_ERRORS, "Sum", "failed upstream")
 
+    def copies(self) -> list[cloudwatch.Metric]:
+        """Desired and current copies, as the front door samples DescribeInferenceComponent once a minute."""
+        return [self._metric(telemetry.DESIRED_COPIES, "Maximum", "copies desired"),
+                self._metric(telemetry.CURRENT_COPIES, "Maximum", "copies current")]
+
     def normalization_time(self) -> cloudwatch.Metric:
         return self._metric(telemetry.NORMALIZATION_TIME, "p99", "normalization p99 (ms)")
 
@@ -70,7 +75,8 @@ class SageMakerMetrics:
     Names from the SageMaker developer guide (aws-facts.md). Per-instance series exist only with
     enhanced metrics (``MetricsConfig.EnableEnhancedMetrics``), which the endpoint construct sets.
     Copy counts are not among them: ``DesiredCopyCount`` / ``CurrentCopyCount`` are fields of
-    ``DescribeInferenceComponent``, which no AWS metric table lists, so no widget reads them.
+    ``DescribeInferenceComponent``, which no AWS metric table lists; the normalizer publishes them
+    (``NormalizerMetrics.copies``).
     """
 
     NAMESPACE = "AWS/SageMaker"

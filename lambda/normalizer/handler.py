@@ -66,7 +66,11 @@ def _build_invoker() -> frontdoor.Invoker:
     runtime = session.client("sagemaker-runtime", config=_runtime_client_config())
     secrets = session.client("secretsmanager", config=Config(retries={"mode": "standard", "max_attempts": 3}))
     key = frontdoor.load_tenant_key(secrets, os.environ.get("TENANT_KEY_SECRET_ARN", ""))
-    return frontdoor.Invoker(runtime, config, key)
+    copies = None
+    if config.component_name:  # SageMaker publishes no copy-count metric: sample it once a minute
+        control = Config(retries={"mode": "standard", "max_attempts": 2}, connect_timeout=2, read_timeout=5)
+        copies = frontdoor.CopyCounts(lambda: session.client("sagemaker", config=control), config.component_name)
+    return frontdoor.Invoker(runtime, config, key, telemetry_sink=frontdoor.Telemetry(config, copies=copies))
 
 
 def get_invoker() -> frontdoor.Invoker:

@@ -79,6 +79,7 @@ from prefix_routing.frontdoor.config import (
     InvokeConfig,
     load_tenant_key,
 )
+from prefix_routing.frontdoor.copies import CopyCounts
 from prefix_routing.frontdoor.invoker import Buffered, Head, Invoker, Outcome, decode_direct_payload
 from prefix_routing.frontdoor.prepare import Prepared, prepare
 from prefix_routing.frontdoor.record import RequestRecord, Telemetry, emf_document, log_record
@@ -96,6 +97,7 @@ __all__ = [
     "TENANCY_MODES",
     "Buffered",
     "ConfigurationError",
+    "CopyCounts",
     "FrontRequest",
     "Head",
     "InvokeConfig",

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from prefix_routing.frontdoor.config import InvokeConfig
+from prefix_routing.frontdoor.copies import CopyCounts
 from prefix_routing.rules import telemetry
 
 #: Extra fields of the request log line (informational; no alarm, query or reader depends on them).
@@ -52,6 +53,8 @@ class RequestRecord:
     error_kind: str | None = None
     error_field: str | None = None
     origin: str | None = None
+    desired_copies: int | None = None  # sampled once a minute (frontdoor.copies), else None
+    current_copies: int | None = None
 
 
 def _ms(value: float | None) -> float | None:
@@ -115,6 +118,8 @@ def _metric_values(record: RequestRecord) -> list[tuple[telemetry.MetricSpec, fl
         (telemetry.NORMALIZATION_TIME, record.normalize_ms),
         (telemetry.PROMPT_TOKENS, record.prompt_tokens),
         (telemetry.CACHED_TOKENS, record.cached_tokens),
+        (telemetry.DESIRED_COPIES, record.desired_copies),
+        (telemetry.CURRENT_COPIES, record.current_copies),
     )
     values.extend((spec, float(value)) for spec, value in optional if value is not None)
     return values
@@ -159,11 +164,16 @@ def _stdout_line(line: str) -> None:
 class Telemetry:
     """Writes each request's EMF document and log line (standard output → CloudWatch Logs in Lambda)."""
 
-    def __init__(self, config: InvokeConfig, emit: Callable[[str], None] | None = None) -> None:
+    def __init__(self, config: InvokeConfig, emit: Callable[[str], None] | None = None,
+                 copies: CopyCounts | None = None) -> None:
         self.config = config
         self.emit = emit or _stdout_line
+        self.copies = copies
 
     def publish(self, record: RequestRecord) -> None:
+        sampled = self.copies.sample() if self.copies is not None else None
+        if sampled is not None:
+            record.desired_copies, record.current_copies = sampled
         compact = {"separators": (",", ":"), "ensure_ascii": False}
         self.emit(json.dumps(emf_document(record, self.config), **compact))
         self.emit(json.dumps(log_record(record, self.config), **compact))

@@ -40,6 +40,11 @@ UPSTREAM_ERRORS = MetricSpec(
     "UpstreamErrors", "Count", "requests that failed at the endpoint (5xx, stream error, timeout, truncation)"
 )
 
+#: Copy counts as ``DescribeInferenceComponent`` reports them (SageMaker publishes no such metric),
+#: read by the front door at most once a minute per execution environment: read them with Maximum.
+DESIRED_COPIES = MetricSpec("DesiredCopies", "Count", "RuntimeConfig.DesiredCopyCount of the inference component")
+CURRENT_COPIES = MetricSpec("CurrentCopies", "Count", "RuntimeConfig.CurrentCopyCount of the inference component")
+
 ALL_METRICS: Final = (
     TTFT,
     END_TO_END,
@@ -49,6 +54,8 @@ ALL_METRICS: Final = (
     REQUESTS,
     CLIENT_ERRORS,
     UPSTREAM_ERRORS,
+    DESIRED_COPIES,
+    CURRENT_COPIES,
 )
 
 

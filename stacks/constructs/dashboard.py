@@ -53,10 +53,11 @@ class RoutingDashboard(Construct):
                 left=[sagemaker.concurrency_per_instance()],
                 width=third,
             ),
-            # Copy counts are not a CloudWatch metric (DescribeInferenceComponent fields): `verify` reads them.
+            # SageMaker publishes no copy counts: the normalizer samples DescribeInferenceComponent.
             cloudwatch.GraphWidget(
-                title="Invocations per copy (autoscaling's load signal)",
-                left=[sagemaker.invocations_per_copy()],
+                title="Copies: desired vs current (sampled by the normalizer), invocations per copy",
+                left=normalizer.copies(),
+                right=[sagemaker.invocations_per_copy()],
                 width=third,
             ),
             cloudwatch.GraphWidget(

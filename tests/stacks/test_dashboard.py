@@ -12,7 +12,7 @@ def _body(template):
 
 def test_dashboard_shows_ttft_hit_rate_imbalance_capacity_and_errors(default_templates):
     body = _body(default_templates["observability"])
-    for title in ("Time to first token", "KV-cache hit rate", "Requests per instance", "Invocations per copy",
+    for title in ("Time to first token", "KV-cache hit rate", "Requests per instance", "Copies: desired vs current",
                   "GPU utilization", "Model latency", "Errors"):
         assert title in body, title
     assert telemetry.TTFT.name in body and '"p90"' in body
@@ -32,3 +32,9 @@ def test_no_widget_reads_a_metric_no_aws_source_lists(default_templates):
     body = _body(default_templates["observability"])
     for name in ("DesiredCopyCount", "CurrentCopyCount"):  # DescribeInferenceComponent fields, not metrics
         assert name not in body
+
+
+def test_copy_counts_are_the_normalizers_published_metrics(default_templates):
+    body = _body(default_templates["observability"])
+    for spec in (telemetry.DESIRED_COPIES, telemetry.CURRENT_COPIES):
+        assert f'"{telemetry.NAMESPACE}","{spec.name}","{telemetry.DIMENSION_COMPONENT}"' in body

@@ -43,8 +43,12 @@ def test_function_runtime_architecture_and_limits(default_templates):
 
 def test_sagemaker_actions_only_on_this_endpoint_and_component(default_templates):
     config = load_stage()
-    statements = [s for s in _policy_statements(default_templates["normalizer"]) if "sagemaker" in str(s["Action"])]
-    assert len(statements) == 1
+    sagemaker = [s for s in _policy_statements(default_templates["normalizer"]) if "sagemaker" in str(s["Action"])]
+    actions = {a for s in sagemaker for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])}
+    # the two invoke calls, and reading the component's copy counts: nothing else of SageMaker
+    assert actions == {"sagemaker:InvokeEndpoint", "sagemaker:InvokeEndpointWithResponseStream",
+                       "sagemaker:DescribeInferenceComponent"}
+    statements = [s for s in sagemaker if "sagemaker:InvokeEndpoint" in s["Action"]]
     (statement,) = statements
     assert sorted(statement["Action"]) == ["sagemaker:InvokeEndpoint", "sagemaker:InvokeEndpointWithResponseStream"]
     resources = statement["Resource"]
@@ -53,6 +57,15 @@ def test_sagemaker_actions_only_on_this_endpoint_and_component(default_templates
     assert any(f":endpoint/{config.endpoint_name}" in r for r in joined)
     assert any(f":inference-component/{config.component_name}" in r for r in joined)
     assert not any(r.rstrip("']}\"").endswith("*") for r in joined)
+
+
+def test_the_function_reads_only_its_components_description(default_templates):
+    config = load_stage()
+    statements = [s for s in _policy_statements(default_templates["normalizer"])
+                  if s["Action"] == "sagemaker:DescribeInferenceComponent"]
+    (statement,) = statements
+    (resource,) = [str(statement["Resource"])]
+    assert f":inference-component/{config.component_name}" in resource and "*" not in resource
 
 
 def test_no_wildcard_action_anywhere(default_templates):

@@ -15,7 +15,7 @@ def _record(**values) -> frontdoor.RequestRecord:
                                   routing_id="pa-1", body_kind="chat", fingerprint="0123456789abcdef",
                                   block_hashes=("aa", "bb"), body_bytes=4100, normalize_ms=0.5, sent=True,
                                   attempts=1, ttft_ms=120.5, total_ms=900.25, prompt_tokens=1000, cached_tokens=750,
-                                  output_tokens=20, status=200)
+                                  output_tokens=20, status=200, desired_copies=3, current_copies=2)
     for name, value in values.items():
         setattr(record, name, value)
     return record
@@ -39,7 +39,8 @@ def test_emf_document_namespace_names_units_one_dimension_high_resolution():
 
 def test_emf_document_omits_what_is_unknown_and_counts_errors():
     client = frontdoor.emf_document(_record(sent=False, ttft_ms=None, total_ms=None, prompt_tokens=None,
-                                         cached_tokens=None, status=400, origin="client"), config())
+                                         cached_tokens=None, status=400, origin="client", desired_copies=None,
+                                         current_copies=None), config())
     names = {m["Name"] for m in client["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
     assert names == {"Requests", "ClientErrors", "UpstreamErrors", "NormalizationTime"}
     assert (client["Requests"], client["ClientErrors"], client["UpstreamErrors"]) == ([0], [1], [0])
