@@ -17,11 +17,12 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    offset = lab_args.key_offset_bytes(args)  # bad flags fail before the trace is read
     trace, _ = lab_args.load_from_args(args)
     result = lab.analyze(
         trace,
         bytes_per_token=args.bytes_per_token,
-        key_offset_bytes=args.key_offset_bytes,
+        key_offset_bytes=offset,
         prefix_lengths=args.prefix_length or lab.CANDIDATE_PREFIX_LENGTHS,
     )
     if args.json:

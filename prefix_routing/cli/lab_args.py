@@ -91,7 +91,10 @@ def add_trace_arguments(parser) -> None:
     parser.add_argument("--body-rate", type=_positive_float("--body-rate"), default=1.0, help="raw bodies: arrivals per second (bodies carry no times; default 1)")
     parser.add_argument("--body-block-bytes", type=_ranged_int("--body-block-bytes", 16, 65536), help="raw bodies: bytes per hashed block (default: the normalizer's)")
     parser.add_argument("--bytes-per-token", type=_positive_float("--bytes-per-token"), default=4.0, metavar="R", help="bytes of body per prompt token (default 4)")
-    parser.add_argument("--key-offset-bytes", type=_ranged_int("--key-offset-bytes", 0, 65536), default=0, metavar="B", help="JSON bytes before the prompt in the normalized body (default 0)")
+    parser.add_argument("--key-offset-bytes", type=_ranged_int("--key-offset-bytes", 0, 65536), default=0, metavar="B", help="JSON bytes before the prompt in the normalized body (default 0; invoke path only)")
+    parser.add_argument("--api", choices=("invoke", "openai"), default="invoke",
+                        help="the path the clients call: invoke (PrefixLength counts body bytes, JSON included) or "
+                        "openai (it counts characters of the messages' text; --bytes-per-token then means characters)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (routing, generated workloads; default 0)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
@@ -182,6 +185,17 @@ def report_skipped(trace: Trace) -> None:
         print(f"{trace.source}: {note}", file=sys.stderr)
 
 
+def key_offset_bytes(args) -> int:
+    """Bytes of the routing key that are not prompt text: the JSON before the prompt on the invoke
+    path; none on the OpenAI-compatible path, whose PrefixLength counts message text only."""
+    if getattr(args, "api", "invoke") == "openai":
+        if args.key_offset_bytes:
+            raise UserError(f"--key-offset-bytes {args.key_offset_bytes}: the OpenAI-compatible path counts the "
+                            "messages' text only; leave it out with --api openai")
+        return 0
+    return args.key_offset_bytes
+
+
 def fleet_config_from_args(args, trace: Trace | None, spec: "LongContextSpec | None", **fixed) -> FleetConfig:
     """A FleetConfig from the flags; unset flags fall back to the workload's or the lab's defaults.
 
@@ -198,7 +212,7 @@ def fleet_config_from_args(args, trace: Trace | None, spec: "LongContextSpec | N
         "concurrency_threshold": base.concurrency_threshold,
         "cache_tokens": args.cache_tokens if args.cache_tokens is not None else base.cache_tokens,
         "bytes_per_token": args.bytes_per_token,
-        "key_offset_bytes": args.key_offset_bytes,
+        "key_offset_bytes": key_offset_bytes(args),
         "block_tokens": trace.block_tokens if trace else base.block_tokens,
         "block_bytes": trace.block_bytes if trace else base.block_bytes,
         "seed": args.seed,

@@ -215,3 +215,26 @@ def test_analyze_straight_from_cloudwatch(capsys, monkeypatch):
     assert a["requests"] == 40 and a["source"] == "cloudwatch:/aws/lambda/normalizer"
     assert a["block_bytes"] == 2048
     assert {g["blocks"]: g["distinct"] for g in a["key_groups"]}[2] == 5
+
+
+def test_api_openai_counts_message_text_so_the_json_offset_does_not_apply():
+    import argparse
+
+    from prefix_routing.cli import lab_args
+
+    parser = argparse.ArgumentParser()
+    lab_args.add_trace_arguments(parser)
+    lab_args.add_fleet_arguments(parser, grid=False)
+    # 4096-byte key, 2100 bytes of JSON before the prompt, 512-token blocks of 4 bytes (2048 bytes):
+    # the invoke path keys on ceil((4096 - 2100) / 2048) = 1 block, the OpenAI path on 4096 / 2048 = 2.
+    invoke = parser.parse_args(["t.jsonl", "--prefix-length", "4096", "--key-offset-bytes", "2100"])
+    assert lab_args.fleet_config_from_args(invoke, None, None, prefix_length=4096).key_blocks == 1
+    openai = parser.parse_args(["t.jsonl", "--prefix-length", "4096", "--api", "openai"])
+    assert lab_args.fleet_config_from_args(openai, None, None, prefix_length=4096).key_blocks == 2
+
+
+def test_api_openai_with_a_json_offset_is_one_line_and_status_2(capsys):
+    code = main(["analyze", str(MOONCAKE_SLICE), "--api", "openai", "--key-offset-bytes", "100"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--key-offset-bytes 100: the OpenAI-compatible path counts the messages' text only" in err
