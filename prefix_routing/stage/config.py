@@ -288,8 +288,8 @@ class StageConfig(_Section):
                 f"routing.strategy PREFIX_AWARE at rest: {endpoint.copies_min} copies fit on one instance "
                 f"(endpoint.instances_min = {endpoint.instances_min}); botocore documents routing by prefix "
                 "'only when two or more instances can serve the request', so whether copies on one instance "
-                "count is uncertain: set instances_min = 2, or run `python -m prefix_routing verify` after "
-                "deploying to see what the endpoint does"
+                "count is uncertain (no document settles it, nor does verify): set instances_min = 2, or check "
+                "under load that the copies' KV-cache hit rates match the lab's"
             )
         return found
 

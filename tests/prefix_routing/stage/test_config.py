@@ -83,7 +83,7 @@ def test_several_copies_on_one_instance_at_rest_is_uncertain():
     config = parse_stage(data, source="s.toml")
     assert config.copies_per_instance == 4 and config.instances_at_rest == 1
     (warning,) = config.warnings
-    assert "2 copies fit on one instance" in warning and "uncertain" in warning and "verify" in warning
+    assert "2 copies fit on one instance" in warning and "uncertain" in warning and "instances_min = 2" in warning
     data["endpoint"]["instances_min"] = 2
     assert parse_stage(data, source="s.toml").warnings == []
 
