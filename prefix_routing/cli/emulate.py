@@ -23,14 +23,11 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from prefix_routing.cli.stages import load_stage_arg
     from prefix_routing.emulator.faults import Faults
     from prefix_routing.emulator.fleet_backend import start_emulator
-    from prefix_routing.stage.config import ConfigError, load_stage
 
-    try:
-        config = load_stage(args.stage)
-    except ConfigError as error:
-        raise UserError(str(error).replace("\n", "; ")) from None
+    config = load_stage_arg(args.stage)
     cache = None
     if args.cache_tokens is not None:
         cache = math.inf if args.cache_tokens == "infinite" else _number("--cache-tokens", args.cache_tokens)

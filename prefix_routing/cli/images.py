@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from prefix_routing.rules.errors import UserError
-
 HELP = "list the container images (and tags) the SageMaker SDK knows for a framework in a region (offline)"
 
 
@@ -14,13 +12,10 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from prefix_routing.stage.config import ConfigError, load_stage
+    from prefix_routing.cli.stages import load_stage_arg
     from prefix_routing.stage.images import list_images, render
 
-    try:
-        config = load_stage(args.stage)
-    except ConfigError as error:
-        raise UserError(str(error)) from None
+    config = load_stage_arg(args.stage)
     images = list_images(args.framework, args.region)
     print(render(images, pinned_repository=config.model.image_repository, pinned_tag=config.model.image_tag))
     return 0

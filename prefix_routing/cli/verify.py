@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from prefix_routing.rules.errors import UserError
-
 HELP = "after cdk deploy: check the live endpoint, alarms, metrics and normalizer of a stage (read-only)"
 
 
@@ -17,13 +15,10 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from prefix_routing.stage.config import ConfigError, load_stage
+    from prefix_routing.cli.stages import load_stage_arg
     from prefix_routing.verify import exit_status, render_json, render_text, run_verify
 
-    try:
-        config = load_stage(args.stage)
-    except ConfigError as error:
-        raise UserError(str(error)) from None
+    config = load_stage_arg(args.stage)
     checks = run_verify(config, profile=args.profile, region=args.region, invoke=args.invoke)
     print(render_json(checks) if args.json else render_text(checks))
     return exit_status(checks)
