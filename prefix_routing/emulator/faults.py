@@ -33,15 +33,15 @@ class Faults:
     #: After M chunks, a ``stream_error_kind`` event instead of the rest of the answer, on a fraction
     #: of streamed answers (if the answer has fewer chunks, the error replaces its natural end).
     stream_error_after: int | None = None
-    stream_error_rate: float = 1.0
+    stream_error_rate: float | None = None  # default 1.0; given alone, stream_error_after defaults to 0
     stream_error_kind: str = "ModelStreamError"
     stream_error_code: str = "ModelInvocationTimeExceeded"
     #: After M chunks the stream ends cleanly, without error: a truncated answer.
     truncate_after: int | None = None
-    truncate_rate: float = 1.0
+    truncate_rate: float | None = None  # default 1.0; given alone, truncate_after defaults to 0
     #: After M chunks the server closes the connection without ending the chunked body.
     drop_after: int | None = None
-    drop_rate: float = 1.0
+    drop_rate: float | None = None  # default 1.0; given alone, drop_after defaults to 0
     #: Extra delay before the first chunk (seconds), on a fraction of answers.
     first_chunk_delay: float = 0.0
     first_chunk_delay_rate: float = 1.0
@@ -50,6 +50,13 @@ class Faults:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        # A stream fault's rate alone means "from the first chunk": before, it injected nothing, silently.
+        for kind in ("stream_error", "truncate", "drop"):
+            rate, after = getattr(self, f"{kind}_rate"), getattr(self, f"{kind}_after")
+            if rate is not None and after is None:
+                object.__setattr__(self, f"{kind}_after", 0)
+            if rate is None:
+                object.__setattr__(self, f"{kind}_rate", 1.0)
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name.endswith("_rate") and not 0.0 <= value <= 1.0:
@@ -69,7 +76,7 @@ class Faults:
     def from_spec(cls, spec: str) -> Faults:
         """Parse ``"throttle_rate=0.1,stream_error_after=3,seed=7"`` (for a command line).
 
-        Raises :class:`~prefix_routing.errors.UserError` naming the bad item.
+        Raises :class:`~prefix_routing.rules.errors.UserError` naming the bad item.
         """
         types = {f.name: f.type for f in fields(cls)}
         values: dict[str, Any] = {}

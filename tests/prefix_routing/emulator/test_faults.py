@@ -15,6 +15,7 @@ from prefix_routing.emulator.backend import StreamFailure
 from prefix_routing.emulator.echo_backend import EchoBackend
 from prefix_routing.emulator.faults import Faults
 from prefix_routing.emulator.server import RuntimeServer, serve_runtime
+from prefix_routing.rules.errors import UserError
 from tests.prefix_routing.emulator.conftest import BODY, Scripted, client_for, sse_objects
 
 
@@ -200,3 +201,26 @@ def test_concurrent_requests_are_all_recorded():
     assert sorted(r.request.index for r in records) == list(range(8))
     assert sorted(r.headers.inference_id for r in records) == sorted(f"id-{i}" for i in range(8))
     assert {r.outcome for r in records} == {"ok"}
+
+
+@pytest.mark.parametrize("kind", ["stream_error", "truncate", "drop"])
+def test_a_stream_fault_rate_alone_means_from_the_first_chunk(kind):
+    """It used to inject nothing, silently, without the matching *_after (the README's own example)."""
+    alone = Faults.from_spec(f"{kind}_rate=0.25,seed=3")
+    assert getattr(alone, f"{kind}_after") == 0 and getattr(alone, f"{kind}_rate") == 0.25
+    explicit = Faults(**{f"{kind}_after": 4, f"{kind}_rate": 0.5})
+    assert getattr(explicit, f"{kind}_after") == 4
+    untouched = Faults()
+    assert getattr(untouched, f"{kind}_after") is None and getattr(untouched, f"{kind}_rate") == 1.0
+    with pytest.raises(UserError, match=f"fault {kind}_rate=1.5: must be between 0 and 1"):
+        Faults(**{f"{kind}_rate": 1.5})
+
+
+def test_truncate_rate_alone_truncates_through_the_server():
+    with serve_runtime(EchoBackend(max_tokens=5), faults=Faults.from_spec("truncate_rate=1.0")) as server:
+        client = client_for(server)
+        response = client.invoke_endpoint_with_response_stream(EndpointName="ep", Body=BODY)
+        events = list(response["Body"])
+        server.wait_until_idle()
+    assert server.requests[-1].outcome == "truncated" and server.requests[-1].fault == "truncate"
+    assert not any("PayloadPart" in e for e in events)  # from the first chunk: nothing of the answer
