@@ -79,7 +79,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     target.add_argument("--profile", metavar="NAME", help="AWS profile for credentials")
     target.add_argument("--url", metavar="URL", help="lambda-url / openai: the URL to POST to")
     target.add_argument("--token", metavar="TOKEN",
-                        help="openai: bearer token (default: generated with the sagemaker SDK's token generator)")
+                        help="openai: bearer token (default: for SageMaker's runtime URL, generated with the sagemaker "
+                        "SDK's token generator; for any other server, none)")
+    target.add_argument("--no-include-usage", dest="include_usage", action="store_false",
+                        help="openai: send streamed bodies byte for byte (by default one without "
+                        "stream_options.include_usage gets it, so that usage and cached tokens come back)")
     target.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
                         help="lambda-url / openai: an extra request header (repeatable), e.g. 'x-tenant-id: t1'")
 
@@ -170,7 +174,7 @@ def _target(args: argparse.Namespace):
         return loadtest.LambdaUrlTarget(args.url, region=args.region, profile=args.profile, timeout=args.timeout,
                                         headers=headers)
     return loadtest.OpenAITarget(args.url, token=args.token, region=args.region, timeout=args.timeout,
-                                 headers=headers)
+                                 headers=headers, include_usage=args.include_usage)
 
 
 def _print_summary(summary: dict, written: dict[str, str]) -> None:

@@ -143,26 +143,67 @@ class _HttpTarget:
 
 
 class OpenAITarget(_HttpTarget):
-    """An OpenAI-compatible chat-completions URL (SSE), with a bearer token.
+    """An OpenAI-compatible chat-completions URL (SSE): SageMaker's, or any server's (vLLM, llama.cpp).
 
     ``url``: the full ``.../chat/completions`` URL; a URL ending in ``/v1`` gets ``/chat/completions``
-    appended. ``token``: the bearer token; when ``None``, the ``sagemaker`` SDK's token generator
-    (``sagemaker.core.token_generator.generate_token``) makes one for ``region`` (SageMaker's
-    OpenAI-compatible API).
+    appended. ``token``: the bearer token; when ``None``, SageMaker's runtime URL gets one from the
+    ``sagemaker`` SDK's token generator (``sagemaker.core.token_generator.generate_token``) for
+    ``region``, and any other server is called without one (a local vLLM or llama.cpp needs none).
+    ``include_usage``: a streamed body that does not say ``stream_options.include_usage`` gets it
+    (an OpenAI-compatible server reports usage, and so cached tokens, only then); ``notes()`` says
+    how many bodies were changed.
     """
 
     name = "openai"
 
     def __init__(self, url: str, *, token: str | None = None, region: str | None = None, timeout: float = 120.0,
-                 headers: dict[str, str] | None = None):
+                 headers: dict[str, str] | None = None, include_usage: bool = True):
         if url.rstrip("/").endswith("/v1"):
             url = url.rstrip("/") + "/chat/completions"
         super().__init__(url, timeout=timeout, headers=headers)
-        self.token = token if token else sagemaker_bearer_token(region or _region_from_host(self.host))
+        if not token and _is_sagemaker_runtime(self.host):
+            token = sagemaker_bearer_token(region or _region_from_host(self.host))
+        self.token = token or None
+        self.include_usage = include_usage
+        self.usage_added = 0
         self.description = f"openai-compatible {url}"
 
     def request_headers(self, body: bytes) -> dict[str, str]:
-        return {**super().request_headers(body), "Authorization": f"Bearer {self.token}"}
+        headers = super().request_headers(body)
+        return {**headers, "Authorization": f"Bearer {self.token}"} if self.token else headers
+
+    def send(self, body: bytes) -> Attempt:
+        return super().send(self.with_usage(body))
+
+    def with_usage(self, body: bytes) -> bytes:
+        """The body, with ``stream_options.include_usage`` added to a streamed one that lacks it."""
+        if not self.include_usage or b'"stream"' not in body:
+            return body
+        try:
+            data = json.loads(body)
+        except ValueError:
+            return body  # sent as it is: the server answers what it answers
+        if not isinstance(data, dict) or data.get("stream") is not True:
+            return body
+        options = data.get("stream_options")
+        if isinstance(options, dict) and "include_usage" in options:
+            return body  # the caller decided
+        data["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+        with self._lock:
+            self.usage_added += 1
+        return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+    def notes(self) -> list[str]:
+        if not self.usage_added:
+            return []
+        return [f"stream_options.include_usage added to {self.usage_added} streamed bodies that lacked it, so that "
+                "the server reports usage and cached tokens (turn it off with --no-include-usage)"]
+
+
+def _is_sagemaker_runtime(host: str) -> bool:
+    """SageMaker's runtime (runtime.sagemaker.<region>.amazonaws.com[.cn]): its OpenAI path needs a token."""
+    parts = host.lower().split(".")
+    return len(parts) >= 4 and parts[0] == "runtime" and parts[1] == "sagemaker" and "amazonaws" in parts
 
 
 def _region_from_host(host: str) -> str | None:
@@ -186,7 +227,7 @@ def sagemaker_bearer_token(region: str | None) -> str:
     except ImportError:
         raise UserError(
             "the openai target needs a bearer token: pass --token, or install the SageMaker Python SDK "
-            "('pip install sagemaker', module sagemaker.core.token_generator) to generate one"
+            "('pip install sagemaker-core', module sagemaker.core.token_generator) to generate one"
         ) from None
     region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     kwargs: dict[str, Any] = {}

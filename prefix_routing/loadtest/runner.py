@@ -240,7 +240,7 @@ def run_load(
         bar.close()
     with lock:
         rows = sorted(results, key=lambda r: r.index)
-    notes = []
+    notes = list(target.notes()) if hasattr(target, "notes") else []  # what the target changed, said
     if duration_s > 1 and cpu_s / duration_s > 0.8:
         notes.append(
             f"the load tester used {cpu_s / duration_s:.0%} of a CPU core: client-side TTFT and latency include "

@@ -102,7 +102,7 @@ def test_openai_target_against_the_sse_path():
         assert [r.error_kind for r in bad.results] == ["http_401", "http_401"]
 
 
-def test_openai_target_needs_a_token_or_the_sagemaker_sdk(monkeypatch):
+def test_openai_target_needs_a_token_or_the_sagemaker_sdk_for_sagemakers_url_only(monkeypatch):
     import builtins
 
     real_import = builtins.__import__
@@ -114,7 +114,39 @@ def test_openai_target_needs_a_token_or_the_sagemaker_sdk(monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_sagemaker)
     with pytest.raises(UserError, match=r"pip install sagemaker.*token_generator"):
-        L.OpenAITarget("http://127.0.0.1:9/endpoints/ep/openai/v1/chat/completions")
+        L.OpenAITarget("https://runtime.sagemaker.us-east-1.amazonaws.com/endpoints/ep/openai/v1/chat/completions")
+    # Any other server (a local vLLM or llama.cpp, the emulator) is called without a token.
+    local = L.OpenAITarget("http://127.0.0.1:9/v1")
+    assert local.token is None and "Authorization" not in local.request_headers(b"{}")
+    assert L.OpenAITarget("http://127.0.0.1:9/v1", token="t").request_headers(b"{}")["Authorization"] == "Bearer t"
+
+
+def test_openai_target_asks_for_usage_on_streamed_bodies_unless_told_not_to():
+    target = L.OpenAITarget("http://127.0.0.1:9/v1")
+    streamed = json.dumps({"messages": [{"role": "user", "content": "hi"}], "stream": True}).encode()
+    assert json.loads(target.with_usage(streamed))["stream_options"] == {"include_usage": True}
+    with_options = json.dumps({"messages": [], "stream": True, "stream_options": {"continuous_usage_stats": True}})
+    assert json.loads(target.with_usage(with_options.encode()))["stream_options"] == {
+        "continuous_usage_stats": True, "include_usage": True}
+    for unchanged in (json.dumps({"messages": [], "stream": False}).encode(),
+                      json.dumps({"messages": [], "stream": True, "stream_options": {"include_usage": False}}).encode(),
+                      b"not json", b'{"stream": true'):
+        assert target.with_usage(unchanged) == unchanged
+    assert target.usage_added == 2 and "added to 2 streamed bodies" in target.notes()[0]
+    off = L.OpenAITarget("http://127.0.0.1:9/v1", include_usage=False)
+    assert off.with_usage(streamed) == streamed and off.notes() == []
+
+
+def test_a_streamed_body_without_include_usage_still_gets_usage_and_the_report_says_why():
+    body = json.dumps({"messages": [{"role": "user", "content": "alpha beta"}], "stream": True}).encode()
+    with serve_runtime(EchoBackend(max_tokens=3), bearer_token=TOKEN) as server:
+        target = openai(server)
+        result = L.run_load([L.WorkItem(body=body, source="t", index=i) for i in range(4)], target, concurrency=2,
+                            progress=False)
+        target.close()
+    summary = L.summarize(result)
+    assert summary["succeeded"] == 4 and summary["requests_with_usage"] == 4
+    assert any("include_usage added to 4 streamed bodies" in note for note in result.notes)
 
 
 class _FunctionUrl(BaseHTTPRequestHandler):
