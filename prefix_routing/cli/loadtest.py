@@ -88,9 +88,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="lambda-url / openai: an extra request header (repeatable), e.g. 'x-tenant-id: t1'")
 
     pace = parser.add_argument_group("how fast and how long")
-    pace.add_argument("--concurrency", type=_number(int, "--concurrency", 1), default=8, metavar="N",
+    pace.add_argument("--concurrency", type=_number(int, "--concurrency", 1), default=None, metavar="N",
                       help="requests in flight at most (default 8)")
     rate = pace.add_mutually_exclusive_group()
+    rate.add_argument("--users", type=_number(int, "--users", 1), metavar="U",
+                      help="closed loop: U clients, each sending its next request when its last one has finished "
+                           "(how AWS's benchmark and most LLM benchmarks run; trace timing ignored)")
     rate.add_argument("--rate", type=_number(float, "--rate", 0, strict_low=True), metavar="R",
                       help="requests per second (default: as fast as the concurrency allows)")
     rate.add_argument("--speed", type=_number(float, "--speed", 0, strict_low=True), metavar="F",
@@ -203,6 +206,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.target not in loadtest.TARGETS:
         raise UserError(f"unknown target {args.target!r}; allowed: {', '.join(loadtest.TARGETS)}")
+    if args.users is not None:
+        if args.concurrency is not None and args.concurrency != args.users:
+            raise UserError(f"--users {args.users} is {args.users} requests in flight; --concurrency "
+                            f"{args.concurrency} says otherwise: give one of them")
+        args.concurrency = args.users
+    elif args.concurrency is None:
+        args.concurrency = 8
     if args.speed is not None and not args.trace:
         raise UserError("--speed replays a trace's own timing: it needs --trace (use --rate with --bodies)")
     if args.bodies and (args.system_blocks != 1 or args.model):
@@ -260,6 +270,7 @@ def run(args: argparse.Namespace) -> int:
         "normalize": args.normalize,
         "prefix_length": getattr(settings, "prefix_length", None),
         "concurrency": args.concurrency,
+        "users": args.users,  # closed loop when set
         "rate": args.rate,
         "speed": args.speed,
         "max_requests": args.max_requests,

@@ -8,6 +8,7 @@ import sys
 from prefix_routing import lab
 from prefix_routing.cli import lab_args
 from prefix_routing.lab.routing import Strategy
+from prefix_routing.rules.errors import UserError
 
 HELP = "simulate an endpoint over a trace: hit rate, TTFT, load per instance for each routing strategy"
 
@@ -22,6 +23,9 @@ DEFAULT_STRATEGIES = (
 def add_arguments(parser) -> None:
     lab_args.add_trace_arguments(parser)
     lab_args.add_fleet_arguments(parser, grid=False)
+    parser.add_argument("--users", type=lab_args._ranged_int("--users", 1, 100_000), metavar="U",
+                        help="closed loop: U clients, each sending the trace's next request when its last one has "
+                        "finished, instead of the trace's arrival times (how AWS's benchmark runs)")
 
 
 def run(args) -> int:
@@ -34,23 +38,27 @@ def run(args) -> int:
     if args.concurrency_threshold is not None:
         fixed["concurrency_threshold"] = args.concurrency_threshold
     lab_args.fleet_config_from_args(args, None, None, **fixed)  # bad flags fail before a long read
+    if args.users is not None and args.speed != 1.0:
+        raise UserError(f"--speed {args.speed:g} replays the trace's timing; --users {args.users} replaces it: give one")
     trace, spec = lab_args.load_from_args(args)
     config = lab_args.fleet_config_from_args(args, trace, spec, **fixed)
     strategies = list(dict.fromkeys(args.strategy or DEFAULT_STRATEGIES))
-    results = lab.simulate_many(trace, config, strategies, speed=args.speed, progress=args.progress)
+    results = lab.simulate_many(trace, config, strategies, speed=args.speed, progress=args.progress, users=args.users)
     out = lab_args.plot_dir(args, "simulate")
     plots = [str(p) for p in lab.plot_simulation(results, out)] if out else []
     if args.json:
         lab_args.print_json(
             {
                 "trace": {"source": trace.source, "requests": len(trace), "duration_s": trace.duration_s, "skipped": trace.skipped.as_dict()},
-                "fleet": fleet_dict(config, args.speed),
+                "fleet": {**fleet_dict(config, args.speed), "users": args.users},
                 "results": [r.as_dict() for r in results],
                 "plots": plots,
             }
         )
         return 0
-    print(f"trace: {trace.source}: {len(trace):,} requests over {trace.duration_s:,.0f} s, replayed at {args.speed:g}×")
+    pacing = (f"closed loop, {args.users} users (each sends its next request when its last has finished)"
+              if args.users else f"replayed at {args.speed:g}×")
+    print(f"trace: {trace.source}: {len(trace):,} requests over {trace.duration_s:,.0f} s, {pacing}")
     print(f"fleet: {lab_args.describe_fleet(config)}")
     print(f"PREFIX_AWARE: PrefixLength {config.prefix_length} bytes = {config.key_blocks} blocks, ConcurrencyThreshold {config.concurrency_threshold}".replace(" 1 blocks,", " 1 block,"))
     print()

@@ -6,7 +6,7 @@ import gc
 import math
 from array import array
 from dataclasses import dataclass, field, replace
-from heapq import heappop
+from heapq import heappop, heappush
 from typing import Sequence
 
 from prefix_routing.lab.common import _CHUNK, _percentiles, _progress
@@ -88,11 +88,21 @@ class Simulator:
 
     ``feed`` may be called repeatedly with chunks whose arrivals continue the previous ones (the
     benchmark streams a million requests this way without holding them all); ``result`` reports.
+
+    ``users``: a closed loop instead of the trace's arrival times: U clients, each sending the next
+    request of the trace when its previous one has finished (how AWS's benchmark and most LLM
+    benchmarks run). Throughput then measures what the fleet sustains, not what the trace offered.
     """
 
-    def __init__(self, config: FleetConfig, *, speed: float = 1.0):
+    def __init__(self, config: FleetConfig, *, speed: float = 1.0, users: int | None = None):
         if not speed > 0:
             raise UserError(f"speed={speed}: must be > 0")
+        if users is not None and (not isinstance(users, int) or isinstance(users, bool) or not 1 <= users <= 100_000):
+            raise UserError(f"users={users!r}: must be an integer from 1 to 100000")
+        if users is not None and speed != 1.0:
+            raise UserError(f"speed={speed}: a closed loop (users={users}) ignores the trace's timing; leave speed at 1")
+        self.users = users
+        self._ready = [0.0] * users if users else []  # when each user sends next (a heap)
         self.config = config
         self.fleet = Fleet(config)
         self.inv = 1.0 / speed
@@ -120,7 +130,11 @@ class Simulator:
         gc.disable()  # the loop makes many small tuples and no cycles: the collector only costs time
         started = time.perf_counter()
         try:
-            self._loop(n, keys, arrivals, prompts, outputs, blocks, firsts, cached, bar)
+            if self.users:
+                arrivals = [0.0] * n  # decided by the loop: each user's previous finish
+                self._closed_loop(n, keys, arrivals, prompts, outputs, blocks, firsts, cached, bar)
+            else:
+                self._loop(n, keys, arrivals, prompts, outputs, blocks, firsts, cached, bar)
         finally:
             wall = time.perf_counter() - started
             if collecting:
@@ -155,6 +169,26 @@ class Simulator:
                 bar.update(hi - lo)
             self.last_finish = last_finish
 
+    def _closed_loop(self, n, keys, arrivals, prompts, outputs, blocks, firsts, cached, bar) -> None:
+        fleet = self.fleet
+        place = fleet._place
+        done, out, ready = fleet._done, fleet._out, self._ready
+        last_finish = self.last_finish
+        for i in range(n):
+            now = heappop(ready)  # the user free first sends the trace's next request
+            while done and done[0][0] <= now:
+                out[heappop(done)[1]] -= 1
+            r = place(keys[i], blocks[i], prompts[i], outputs[i], now)
+            arrivals[i], firsts[i], cached[i] = now, r[2], r[1]
+            heappush(ready, r[4])  # its last token (or the timeout): then it sends again
+            if r[4] > last_finish:
+                last_finish = r[4]
+            if bar is not None and (i + 1) % _CHUNK == 0:
+                bar.update(_CHUNK)
+        if bar is not None:
+            bar.update(n % _CHUNK)
+        self.last_finish = last_finish
+
     def result(self) -> "SimResult":
         return _result(self)
 
@@ -167,9 +201,11 @@ def simulate(
     progress: bool | None = False,
     keys: list | None = None,
     bar=None,
+    users: int | None = None,
 ) -> SimResult:
-    """Replay ``trace`` through one fleet in simulated time. Deterministic for a config's seed."""
-    sim = Simulator(config_for_trace(config, trace), speed=speed)
+    """Replay ``trace`` through one fleet in simulated time (``users``: a closed loop, see
+    :class:`Simulator`). Deterministic for a config's seed."""
+    sim = Simulator(config_for_trace(config, trace), speed=speed, users=users)
     own_bar = bar is None
     if own_bar:
         bar = _progress(len(trace), config.strategy.value, progress)
@@ -245,12 +281,13 @@ def simulate_many(
     *,
     speed: float = 1.0,
     progress: bool | None = None,
+    users: int | None = None,
 ) -> list[SimResult]:
     """The same trace and fleet under each strategy, with one progress bar for all."""
     bar = _progress(len(trace) * len(strategies), "simulate", progress)
     try:
         return [
-            simulate(trace, replace(config, strategy=s), speed=speed, bar=bar)
+            simulate(trace, replace(config, strategy=s), speed=speed, bar=bar, users=users)
             for s in strategies
         ]
     finally:

@@ -238,3 +238,12 @@ def test_api_openai_with_a_json_offset_is_one_line_and_status_2(capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert "--key-offset-bytes 100: the OpenAI-compatible path counts the messages' text only" in err
+
+
+def test_simulate_users_is_a_closed_loop_and_refuses_a_speed(capsys):
+    assert main(["simulate", str(MOONCAKE_SLICE), "--limit", "50", "--users", "3", "--strategy", "RANDOM",
+                 "--instances", "2", "--no-plots", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fleet"]["users"] == 3 and out["results"][0]["requests"] == 50
+    assert main(["simulate", str(MOONCAKE_SLICE), "--users", "3", "--speed", "2", "--no-plots"]) == 2
+    assert "--speed 2 replays the trace's timing; --users 3 replaces it" in capsys.readouterr().err

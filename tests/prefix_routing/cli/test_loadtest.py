@@ -83,3 +83,17 @@ def test_cli_bad_input_is_one_line_and_exit_2(argv, message, trace_file, capsys)
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], captured.err
     assert "Traceback" not in captured.err
+
+
+def test_cli_users_is_the_closed_loop_and_conflicts_with_another_concurrency(trace_file, tmp_path, capsys):
+    with serve_runtime(EchoBackend()) as server:
+        code = main(["loadtest", "--trace", trace_file, "--target", "sagemaker", "--endpoint", "ep",
+                     "--endpoint-url", server.url, "--max-requests", "4", "--users", "2", "--json",
+                     "--no-progress", "--out", str(tmp_path / "out")])
+    assert code == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["config"]["users"] == 2 and report["config"]["concurrency"] == 2
+    capsys.readouterr()
+    assert main(["loadtest", "--trace", trace_file, "--target", "sagemaker", "--endpoint", "ep",
+                 "--users", "2", "--concurrency", "5"]) == 2
+    assert "--users 2 is 2 requests in flight; --concurrency 5 says otherwise" in capsys.readouterr().err

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+
+import pytest
 from dataclasses import replace
 
 from prefix_routing import lab
@@ -82,3 +84,37 @@ def test_hit_rate_counts_only_the_prompt_tokens_of_served_requests():
     assert result.ttft[2] == 5.0  # a timed-out request's TTFT is the timeout
     assert result.instance_hit_rates == [0.375]
     assert result.hit_over_time[0][1] == 0.375  # the over-time figure has the same denominator
+
+
+def test_one_user_closed_loop_is_the_trace_sent_one_request_at_a_time(mooncake_slice):
+    """Spec: a user sends its next request when its last one has finished. With one user nothing
+    overlaps, so it must equal an open-loop replay whose arrivals are so far apart that nothing does."""
+    trace = mooncake_slice.head(60)
+    config = FleetConfig(instances=2, strategy=Strategy.PREFIX_AWARE)
+    closed = lab.simulate(trace, config, users=1)
+    apart = replace(trace, arrivals=[i * 3600.0 for i in range(len(trace))])  # an hour apart: no overlap
+    open_loop = lab.simulate(apart, config)
+    assert closed.hit_rate == open_loop.hit_rate
+    # the same cold/warm latencies, no queueing in either (to rounding: the clocks differ by hours)
+    assert closed.ttft == pytest.approx(open_loop.ttft, rel=1e-9, abs=1e-12)
+    assert closed.spills == open_loop.spills == 0
+
+
+def test_users_start_together_and_the_next_waits_for_a_finish(mooncake_slice):
+    trace = mooncake_slice.head(40)
+    sim = lab.Simulator(FleetConfig(instances=4, strategy=Strategy.RANDOM), users=4)
+    sim.feed(trace)
+    arrivals = list(sim.arrivals)
+    assert arrivals[:4] == [0.0] * 4 and arrivals[4] > 0.0  # four users at t=0; the fifth request waits
+    assert arrivals == sorted(arrivals)
+    more_users = lab.simulate(trace, FleetConfig(instances=4, strategy=Strategy.RANDOM), users=16)
+    assert more_users.throughput_req_s > sim.result().throughput_req_s  # more clients, more load sustained
+
+
+def test_closed_loop_rejects_a_speed_and_a_bad_user_count(mooncake_slice):
+    from prefix_routing.rules.errors import UserError
+
+    with pytest.raises(UserError, match="a closed loop .* ignores the trace's timing"):
+        lab.Simulator(FleetConfig(), speed=2.0, users=4)
+    with pytest.raises(UserError, match="users=0: must be an integer from 1 to 100000"):
+        lab.Simulator(FleetConfig(), users=0)
