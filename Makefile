@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 STAGE ?= default
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION = 20
 
-.PHONY: install synth synth-all test bench mutants demo clean
+.PHONY: install synth synth-all test bench mutants demo engines clean
 
 install: .install-stamp
 
@@ -52,6 +52,11 @@ mutants: install
 # RANDOM vs PREFIX_AWARE, careless vs normalized clients, through the emulator (about 2 minutes).
 demo: install
 	$(PY) -m prefix_routing demo
+
+# Real llama.cpp engines: builds llama-server from the pinned source once (about 5 minutes on 2 cores,
+# cached in ~/.cache/prefix-routing/engines/) and writes the tiny model.
+engines: install
+	$(PY) -m prefix_routing engines build
 
 clean:
 	rm -rf cdk.out build .install-stamp mutants

@@ -31,6 +31,8 @@ ROOMS = {
     "prefix_routing.emulator.": "emulator",
     "prefix_routing.loadtest": "loadtest",
     "prefix_routing.loadtest.": "loadtest",
+    "prefix_routing.engines": "engines",  # real llama.cpp engines: build, model, processes
+    "prefix_routing.engines.": "engines",
     "prefix_routing.verify": "verify",  # checks a live deployment against its stage
     "prefix_routing.verify.": "verify",
     "prefix_routing.cli": "cli",  # the command line and what only it runs
@@ -51,8 +53,9 @@ ALLOWED = {
     "lab": ({"rules", "stage"}, {"numpy", "matplotlib", "tqdm", "boto3", "botocore"}),
     "emulator": ({"rules", "stage", "lab"}, set()),
     "loadtest": ({"rules", "stage", "lab", "emulator"}, {"boto3", "botocore", "matplotlib", "tqdm", "sagemaker"}),
+    "engines": ({"rules"}, {"gguf", "numpy"}),
     "verify": ({"rules", "stage", "loadtest"}, {"boto3", "botocore"}),
-    "cli": ({"rules", "stage", "lab", "emulator", "loadtest", "frontdoor", "verify", "package"}, set()),
+    "cli": ({"rules", "stage", "lab", "emulator", "loadtest", "frontdoor", "verify", "engines", "package"}, set()),
     "stacks": ({"stage", "package"}, {"aws_cdk", "constructs", "cdk_nag", "jsii"}),
     "lambda": ({"frontdoor", "rules", "package"}, {"boto3", "botocore"}),
 }

@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "demo": "demo",
     "verify": "verify",
     "images": "images",
+    "engines": "engines",
 }
 
 
