@@ -10,7 +10,7 @@ Three sources, one result (``Trace``: arrival times, prompt and output tokens, c
   ``message`` is not ``telemetry.REQUEST_LOG_MESSAGE`` (runtime lines, other logs) are counted and
   skipped, never an error.
 - ``read_bodies``: raw request bodies, one JSON body per line, run through the normalizer
-  (``prefix_routing.normalize``, imported only when this reader runs).
+  (``prefix_routing.rules``, imported only when this reader runs).
 
 Nothing is dropped silently. A line that cannot be read is skipped and recorded in
 ``Trace.skipped`` (a count per reason and the first few line numbers); with ``strict=True`` the
@@ -436,7 +436,7 @@ def read_bodies(
     try:
         from prefix_routing import rules as normalize
     except ImportError as error:
-        raise UserError(f"reading raw bodies needs prefix_routing.normalize, which is not available: {error}") from None
+        raise UserError(f"reading raw bodies needs prefix_routing.rules, which is not available: {error}") from None
     if settings is None:
         kwargs = {"prefix_length": prefix_length}
         if block_bytes is not None:

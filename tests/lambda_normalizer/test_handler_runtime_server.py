@@ -1,4 +1,4 @@
-"""The handler against the local SageMaker runtime (prefix_routing.runtime_server) on 127.0.0.1.
+"""The handler against the local SageMaker runtime (prefix_routing.emulator) on 127.0.0.1.
 
 boto3's own client, unmodified, parses the real event-stream framing: successes with usage and TTFT,
 mid-stream errors, slow first chunks, throttling, 5xx, truncated and dropped streams. The last tests

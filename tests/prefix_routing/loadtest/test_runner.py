@@ -170,7 +170,7 @@ class _FunctionUrl(BaseHTTPRequestHandler):
             self.wfile.write(payload)
             return
         for marker, status, code in ((b"throttle-me", 429, "throttled"), (b"model-fail", 502, "model_error")):
-            if marker in body:  # the front door's error bodies (prefix_routing.invoke.UpstreamError)
+            if marker in body:  # the front door's error bodies (prefix_routing.frontdoor.UpstreamError)
                 payload = json.dumps({"error": {"code": code, "message": "upstream said no", "status": status}})
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(payload)))

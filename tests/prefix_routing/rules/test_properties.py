@@ -1,4 +1,4 @@
-"""Property tests (hypothesis) of prefix_routing.normalize.
+"""Property tests (hypothesis) of the normalization rules (prefix_routing.rules).
 
 - idempotence, for every kind of body, with and without freeze rules and identities;
 - meaning kept: the output parses to the same messages and parameters up to the documented text
