@@ -12,6 +12,7 @@ from prefix_routing.frontdoor.tenancy import identify_tenant
 from prefix_routing.rules.body import Normalized, normalize_body
 from prefix_routing.rules.errors import NormalizationError
 from prefix_routing.rules.identity import RoutingIdentity, routing_identity
+from prefix_routing.rules.stream_usage import usage_request, with_include_usage
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,17 +32,7 @@ def _wants_usage(normalized: Normalized) -> tuple[bool, bool]:
     """(the body streams and asks for usage, the body streams without saying) for chat/completion."""
     if normalized.kind == "lmi" or b'"stream":true' not in normalized.body:
         return False, False
-    data = json.loads(normalized.body)
-    if data.get("stream") is not True:
-        return False, False
-    options = data.get("stream_options")
-    if options is None:
-        return False, True
-    if isinstance(options, dict):
-        if options.get("include_usage") is True:
-            return True, False
-        return False, "include_usage" not in options
-    return False, False
+    return usage_request(json.loads(normalized.body))
 
 
 def prepare(request: FrontRequest, config: InvokeConfig, key: bytes) -> Prepared:
@@ -67,9 +58,7 @@ def prepare(request: FrontRequest, config: InvokeConfig, key: bytes) -> Prepared
         if config.stream_usage:
             expects_usage, add = _wants_usage(normalized)
             if add:
-                data = json.loads(normalized.body)
-                options = data.get("stream_options")
-                data["stream_options"] = {**(options or {}), "include_usage": True}
+                data = with_include_usage(json.loads(normalized.body))
                 normalized = normalize_body(data, config.settings, identity=identity)
                 expects_usage = True
         elif normalized.kind != "lmi" and b'"include_usage":true' in normalized.body:

@@ -22,6 +22,7 @@ from prefix_routing.loadtest.stream import (
     _expects_usage,
 )
 from prefix_routing.rules.errors import UserError
+from prefix_routing.rules.stream_usage import usage_request, with_include_usage
 
 
 class _HttpTarget:
@@ -176,22 +177,18 @@ class OpenAITarget(_HttpTarget):
         return super().send(self.with_usage(body))
 
     def with_usage(self, body: bytes) -> bytes:
-        """The body, with ``stream_options.include_usage`` added to a streamed one that lacks it."""
+        """The body, with ``stream_options.include_usage`` added to a streamed one that does not say."""
         if not self.include_usage or b'"stream"' not in body:
             return body
         try:
             data = json.loads(body)
         except ValueError:
             return body  # sent as it is: the server answers what it answers
-        if not isinstance(data, dict) or data.get("stream") is not True:
-            return body
-        options = data.get("stream_options")
-        if isinstance(options, dict) and "include_usage" in options:
-            return body  # the caller decided
-        data["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+        if not usage_request(data)[1]:
+            return body  # not streamed, or the caller decided
         with self._lock:
             self.usage_added += 1
-        return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        return json.dumps(with_include_usage(data), separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
     def notes(self) -> list[str]:
         if not self.usage_added:
