@@ -53,9 +53,10 @@ def run(args) -> int:
     rows = process.status(state)
     if args.json:
         print(json.dumps({"engines": rows}))
-    elif not rows:
-        print("no engines running")
-    for row in rows if not args.json else []:
+        return 0
+    for row in rows:
         print(f"{row['url']}  pid {row['pid']}  slots {row['slots']}  cached prompt tokens "
               f"{row['prompt_tokens_cached_total']}")
+    if not rows:
+        print("no engines running")
     return 0
