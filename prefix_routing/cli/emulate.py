@@ -8,7 +8,8 @@ import time
 
 from prefix_routing.rules.errors import UserError
 
-HELP = "serve the SageMaker runtime API on 127.0.0.1 with the stage's routing over the lab's fleet model"
+HELP = ("serve the SageMaker runtime API on 127.0.0.1 with the stage's routing over the lab's fleet model "
+        "or over real engines")
 
 
 def add_arguments(parser) -> None:
@@ -19,6 +20,15 @@ def add_arguments(parser) -> None:
     parser.add_argument("--cache-tokens", help="KV-cache tokens per copy, or 'infinite' (default: the preset's)")
     parser.add_argument("--faults", default="", help="e.g. throttle_rate=0.05,stream_error_rate=0.01,seed=1")
     parser.add_argument("--slow-instance", metavar="I:FACTOR", help="make instance I FACTOR times slower")
+    engines = parser.add_argument_group("real engines instead of the fleet model (one copy per engine)")
+    engines.add_argument("--engines", type=int, metavar="N", help="start N local llama.cpp engines (engines build first)")
+    engines.add_argument("--engine-url", action="append", metavar="URL",
+                         help="an OpenAI-compatible server (llama.cpp, vLLM) as one copy; repeatable")
+    engines.add_argument("--engine-slots", type=int, default=1, metavar="S", help="--engines: slots per engine (default 1)")
+    engines.add_argument("--engine-context", type=int, default=8192, metavar="T",
+                         help="--engines: context tokens per engine, shared by its slots (default 8192)")
+    engines.add_argument("--engine-cache-ram", type=int, metavar="MIB",
+                         help="--engines: MiB of saved slot states per engine (default llama.cpp's 8192)")
     parser.add_argument("--duration", type=float, help="stop after this many seconds (default: until Ctrl-C)")
 
 
@@ -39,12 +49,46 @@ def run(args) -> int:
         slow = (int(instance), _number("--slow-instance factor", factor))
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port {args.port}: allowed 0 to 65535")
+    faults = Faults.from_spec(args.faults)
+    if args.engines is not None or args.engine_url:
+        return _run_on_engines(args, config, faults)
     server = start_emulator(
-        config, port=args.port, speed=args.speed, faults=Faults.from_spec(args.faults), preset=args.preset,
+        config, port=args.port, speed=args.speed, faults=faults, preset=args.preset,
         cache_tokens=cache, slow_instance=slow,
     )
+    _serve(args, config, server, "the lab's fleet model")
+    return 0
+
+
+def _run_on_engines(args, config, faults) -> int:
+    from prefix_routing.emulator.engine_backend import start_engine_emulator
+    from prefix_routing.engines.session import local_engines
+
+    fleet_only = [flag for flag, given in (("--speed", args.speed != 1.0), ("--preset", args.preset),
+                                           ("--cache-tokens", args.cache_tokens), ("--slow-instance", args.slow_instance))
+                  if given]
+    if fleet_only:
+        raise UserError(f"{', '.join(fleet_only)}: options of the fleet model; real engines have their own speed and cache")
+    if args.engines is not None and args.engine_url:
+        raise UserError("--engines N starts local engines, --engine-url names running ones: give one of them")
+    if args.engine_url:
+        server = start_engine_emulator(config, args.engine_url, port=args.port, faults=faults)
+        _serve(args, config, server, f"{len(args.engine_url)} engine(s)")
+        return 0
+    if not 1 <= args.engines <= 16:
+        raise UserError(f"--engines {args.engines}: allowed 1 to 16")
+    say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
+    with local_engines(args.engines, slots=args.engine_slots, context=args.engine_context,
+                       cache_ram_mib=args.engine_cache_ram, say=say) as engines:
+        server = start_engine_emulator(config, [e.url for e in engines], port=args.port, faults=faults)
+        _serve(args, config, server, ", ".join(f"{e.url} (pid {e.pid})" for e in engines))
+    return 0
+
+
+def _serve(args, config, server, model: str) -> None:
     print(
         f"emulating {config.endpoint_name} / {config.component_name} ({config.routing.strategy}) at {server.url}\n"
+        f"  model: {model}\n"
         f"  boto3.client('sagemaker-runtime', endpoint_url='{server.url}', region_name='us-east-1')\n"
         f"  status: {server.url}/status",
         file=sys.stderr,
@@ -60,7 +104,6 @@ def run(args) -> int:
         pass
     finally:
         server.stop()
-    return 0
 
 
 def _number(flag: str, text: str) -> float:

@@ -16,6 +16,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--count", type=int, default=2, help="start: how many engines (default 2)")
     parser.add_argument("--slots", type=int, default=1, help="start: slots per engine (default 1)")
     parser.add_argument("--context", type=int, default=8192, help="start: context tokens per engine (default 8192)")
+    parser.add_argument("--cache-ram", type=int, metavar="MIB",
+                        help="start: MiB of saved slot states per engine (llama.cpp's --cache-ram; default its 8192)")
     parser.add_argument("--force", action="store_true", help="build: rebuild even if this pin is cached")
     parser.add_argument("--state", help="where the started engines are recorded (default: in the engine cache)")
     parser.add_argument("--json", action="store_true", help="start/status: print JSON")
@@ -39,7 +41,8 @@ def run(args) -> int:
             raise UserError(f"no llama-server at {binary}: run `python -m prefix_routing engines build` (or make engines)")
         model = build.ensure_model(say=say)
         engines = process.start(args.count, binary, model, state, log_dir=state.parent / "logs",
-                                slots=args.slots, context=args.context)
+                                slots=args.slots, context=args.context,
+                                cache_ram_mib=args.cache_ram)
         if args.json:
             print(json.dumps({"engines": [{k: v for k, v in asdict(e).items() if k != "binary"} for e in engines]}))
         else:

@@ -40,12 +40,17 @@ def free_port() -> int:
 
 
 def server_command(binary: Path, model: Path, port: int, *, slots: int = 1, context: int = 8192,
-                   threads: int = 1) -> list[str]:
+                   threads: int = 1, cache_ram_mib: int | None = None) -> list[str]:
     """One engine: 127.0.0.1 only, ``threads`` threads, ``slots`` slots sharing ``context`` tokens,
-    prompt caching on (the server's default; said explicitly), metrics on."""
-    return [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
-            "-tb", str(threads), "-np", str(slots), "-c", str(context), "--cache-prompt", "--metrics",
-            "--no-webui"]
+    prompt caching on (the server's default; said explicitly), metrics on. ``cache_ram_mib``: the
+    host-memory LRU of saved slot states (llama.cpp's ``--cache-ram``; None: its default, 8,192 MiB,
+    which holds about two million tokens of the tiny model: an engine that forgets nothing)."""
+    command = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
+               "-tb", str(threads), "-np", str(slots), "-c", str(context), "--cache-prompt", "--metrics",
+               "--no-webui"]
+    if cache_ram_mib is not None:
+        command += ["--cache-ram", str(cache_ram_mib)]
+    return command
 
 
 def _healthy(url: str, timeout: float = 1.0) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import math
+import random
 from typing import Hashable, Sequence
 
 from prefix_routing.rules.errors import UserError
@@ -126,3 +127,61 @@ def spill_copy(out: Sequence[int], home: int, threshold: int, copies: int) -> in
         if out[g] < best_load:
             best, best_load = g, out[g]
     return best
+
+
+class Router:
+    """Where SageMaker sends one request among ``copies`` copies, given their in-flight counts.
+
+    RANDOM, LEAST_OUTSTANDING_REQUESTS and PREFIX_AWARE (the key's home copy by a seeded 64-bit
+    hash, with the ConcurrencyThreshold spill of :func:`spill_copy`), as the fleet model routes;
+    KV_AWARE needs the copies' caches and stays in the fleet. The emulator in front of real engines
+    routes with this class, so both see the same homes for the same keys and seed.
+    """
+
+    __slots__ = ("strategy", "n", "copies_per_instance", "threshold", "rng", "_seed_mix", "_home_of")
+
+    def __init__(self, strategy: Strategy, copies: int, *, concurrency_threshold: int,
+                 copies_per_instance: int = 1, seed: int = 0, rng: random.Random | None = None) -> None:
+        if copies < 1 or copies % copies_per_instance:
+            raise UserError(f"copies={copies}: must be a positive multiple of copies_per_instance={copies_per_instance}")
+        self.strategy = Strategy.parse(strategy) if isinstance(strategy, str) else strategy
+        self.n = copies
+        self.copies_per_instance = copies_per_instance
+        self.threshold = concurrency_threshold
+        self.rng = rng if rng is not None else random.Random(seed)
+        self._seed_mix = mix64(seed & _MASK)
+        self._home_of: dict = {}
+
+    def home(self, key: Hashable) -> int:
+        """The copy a routing key maps to: Fibonacci hashing of integer ids (chained block ids),
+        a memoized mix of ``stable_hash`` for other keys; the same in every process."""
+        if type(key) is int:
+            return ((((key ^ self._seed_mix) * _GOLDEN) & _MASK) >> 16) % self.n
+        g = self._home_of.get(key)
+        if g is None:
+            g = self._home_of[key] = mix64(stable_hash(key) ^ self._seed_mix) % self.n
+        return g
+
+    def choose(self, key: Hashable, out: Sequence[int]) -> tuple[int, bool]:
+        """(copy, spilled) for a request with routing ``key`` when copy g has ``out[g]`` in flight."""
+        n = self.n
+        if n == 1:
+            return 0, False
+        strategy = self.strategy
+        if strategy is _PREFIX_AWARE:
+            g = self.home(key)
+            if out[g] >= self.threshold:
+                spill = spill_copy(out, g, self.threshold, self.copies_per_instance)
+                return spill, spill != g
+            return g, False
+        if strategy is _RANDOM:
+            return int(self.rng.random() * n), False
+        if strategy is _LEAST_OUTSTANDING:
+            start = int(self.rng.random() * n)
+            g, best = start, out[start]
+            for j in range(start + 1, start + n):
+                j = j if j < n else j - n
+                if out[j] < best:
+                    g, best = j, out[j]
+            return g, False
+        raise UserError(f"strategy {strategy.value}: needs the copies' caches; route it with the fleet model")
