@@ -17,6 +17,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--concurrency", type=int, default=32, help="client threads per run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
+    parser.add_argument("--engines", type=int, metavar="N",
+                        help="run the comparison on N real llama.cpp engines instead of the fleet model "
+                             "(engines build first; about 3 minutes with 2)")
+    parser.add_argument("--requests", type=int, default=120, help="--engines: requests per case (default 120)")
 
 
 def run(args) -> int:
@@ -34,10 +38,21 @@ def run(args) -> int:
         print(f"  {result.workload:18} {result.strategy:13} {result.client:10} done "
               f"({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
 
-    results = run_demo(
-        conversation_requests=args.conversation_requests, long_context_requests=args.long_context_requests,
-        speed=args.speed, concurrency=args.concurrency, seed=args.seed, progress=progress,
-    )
+    if args.engines is not None:
+        from prefix_routing.cli.demo_engines import EngineDemoSpec, run_engine_demo
+
+        if not 1 <= args.engines <= 16:
+            raise UserError(f"--engines {args.engines}: allowed 1 to 16")
+        if not 1 <= args.requests <= 10_000:
+            raise UserError(f"--requests {args.requests}: allowed 1 to 10000")
+        spec = EngineDemoSpec(engines=args.engines, requests=args.requests, seed=args.seed,
+                              concurrency=min(args.concurrency, 4 * args.engines))
+        results = run_engine_demo(spec, progress=progress, say=lambda text: print(text, file=sys.stderr))
+    else:
+        results = run_demo(
+            conversation_requests=args.conversation_requests, long_context_requests=args.long_context_requests,
+            speed=args.speed, concurrency=args.concurrency, seed=args.seed, progress=progress,
+        )
     print(as_json(results) if args.json else render_table(results))
     print(f"demo took {time.monotonic() - started:.0f} s", file=sys.stderr)
     return 0

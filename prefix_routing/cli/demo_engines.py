@@ -1,0 +1,109 @@
+"""``demo --engines N``: the demo's comparison on real llama.cpp engines instead of the fleet model.
+
+The same question as :mod:`prefix_routing.cli.demo_run` (does prefix-aware routing pay, and does
+normalization make it pay?), answered by engines with a real KV cache: each case starts N fresh
+engines (cold caches), puts the emulator's runtime protocol in front of them
+(:mod:`prefix_routing.emulator.engine_backend`, one copy per engine, routed as the stage routes),
+and replays a small long-context workload through the load tester and boto3, as careless clients
+send it and normalized. TTFT is the client's own measurement; the hit rate is what the engines
+report (``usage.prompt_tokens_details.cached_tokens``).
+
+Sized for this 2-core machine: P prefixes of about 1,500 tokens (the tiny model's cold prefill of
+~0.5 s), each engine one slot with ``--cache-ram`` room for about half the prefixes, so that RANDOM
+(every engine sees every prefix) loses what PREFIX_AWARE (each prefix stays on its engine) keeps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from prefix_routing.cli.demo_run import CaseResult, _stage
+from prefix_routing.lab import bodies
+from prefix_routing.lab.workloads import LongContextSpec, long_context_workload
+from prefix_routing.loadtest import BodyPreparer, SageMakerTarget, WorkItem, run_load, summarize
+from prefix_routing.rules.settings import NormalizerSettings
+
+
+@dataclass(frozen=True)
+class EngineDemoSpec:
+    engines: int = 2
+    prefixes: int = 8
+    prefix_tokens: int = 1500
+    suffix_tokens: tuple[int, int] = (50, 150)
+    output_tokens: tuple[int, int] = (4, 8)
+    requests: int = 120
+    concurrency: int = 4
+    cache_ram_mib: int = 40  # about 6 saved states of ~1,600 tokens at 4 KiB per token
+    prefix_length: int = 4096  # bytes: inside the ~6,000-byte shared prefix
+    concurrency_threshold: int = 10
+    seed: int = 0
+
+
+def engine_items(spec: EngineDemoSpec) -> list[WorkItem]:
+    """The workload: uniform prefix choice, a unique suffix per request (chat bodies, prompt first)."""
+    block_tokens = 250
+    workload = LongContextSpec(prefixes=spec.prefixes, prefix_tokens=spec.prefix_tokens,
+                               suffix_tokens=spec.suffix_tokens, output_tokens=spec.output_tokens,
+                               rate_rps=1.0, duration_s=math.ceil(spec.requests * 1.5), block_tokens=block_tokens)
+    trace = long_context_workload(workload, seed=spec.seed)
+    prefix_blocks = spec.prefix_tokens // block_tokens
+    items = []
+    for i in range(min(spec.requests, len(trace))):
+        record = {"hash_ids": trace.blocks[i], "input_length": trace.prompt_tokens[i],
+                  "output_length": trace.output_tokens[i]}
+        body = bodies.chat_body(record, prefix_blocks, block_tokens=block_tokens)
+        items.append(WorkItem(i, bodies.serialize(body), trace.arrivals[i], f"engines:{i}"))
+    return items
+
+
+def run_engine_case(items: list[WorkItem], strategy: str, client: str, spec: EngineDemoSpec,
+                    say=lambda text: None) -> CaseResult:
+    """One case on fresh engines: cold caches, the stage's routing, the load tester in closed loop."""
+    from prefix_routing.emulator.engine_backend import start_engine_emulator
+    from prefix_routing.engines.session import local_engines
+
+    stage = _stage("ml.p5.48xlarge", spec.engines, strategy=strategy, prefix_length=spec.prefix_length,
+                   threshold=spec.concurrency_threshold)
+    prepare = BodyPreparer(vary=client == "varied", normalize=client == "normalized",
+                           settings=NormalizerSettings(prefix_length=spec.prefix_length), seed=spec.seed)
+    prepared = [replace(item, body=prepare(item)) for item in items]
+    with local_engines(spec.engines, slots=1, cache_ram_mib=spec.cache_ram_mib, say=say) as engines:
+        server = start_engine_emulator(stage, [e.url for e in engines], seed=spec.seed, record_bodies=False)
+        try:
+            target = SageMakerTarget(stage.endpoint_name, inference_component=stage.component_name,
+                                     endpoint_url=server.url, region="us-east-1", concurrency=spec.concurrency)
+            try:
+                result = run_load(prepared, target, concurrency=spec.concurrency, progress=False, seed=spec.seed)
+            finally:
+                target.close()
+            server.wait_until_idle(30)
+            status = server.backend.status()
+        finally:
+            server.stop()
+    summary = summarize(result)
+    per_engine = [e["requests"] for e in status["engines"]]
+    mean = sum(per_engine) / len(per_engine)
+    return CaseResult(
+        workload=f"engines ({spec.engines} × llama.cpp)",
+        strategy=strategy,
+        client=client,
+        sent=summary["requests_sent"],
+        succeeded=summary["succeeded"],
+        ttft_p50_ms=(summary["ttft_p50_s"] or math.nan) * 1000,
+        ttft_p90_ms=(summary["ttft_p90_s"] or math.nan) * 1000,
+        hit_rate=status["hit_rate"],
+        max_mean_requests=max(per_engine) / mean if mean else math.nan,
+    )
+
+
+def run_engine_demo(spec: EngineDemoSpec = EngineDemoSpec(), *, strategies=("RANDOM", "PREFIX_AWARE"),
+                    clients=("varied", "normalized"), progress=None, say=lambda text: None) -> list[CaseResult]:
+    items = engine_items(spec)
+    results = []
+    for strategy in strategies:
+        for client in clients:
+            results.append(run_engine_case(items, strategy, client, spec, say=say))
+            if progress:
+                progress(results[-1])
+    return results
