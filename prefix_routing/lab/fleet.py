@@ -65,6 +65,12 @@ first, so that eviction (least recently used first) takes a prompt's tail before
 free-block queue does. With chained ids this keeps every cached chain contiguous from its first
 block, so "leading blocks found" equals "blocks found" and is counted at C speed.
 
+With ``cache_policy="llamacpp-slots"`` each copy is a ``llama-server`` instead
+(:mod:`prefix_routing.lab.slot_cache`): ``max_num_seqs`` slots (``-np``) sharing the capacity
+(``-c``), each reusing the common prefix of the one sequence it holds, and the saved states of
+``--cache-ram``. A slot is busy until its request's engine finish; KV_AWARE probes the longest
+prefix that a slot or a saved state holds.
+
 The latency model (``LatencyModel``, from ``../shared/reference/fleet-presets.md``)
 -------------------------------------------------------------------------------
 Per engine step with ``B`` running sequences of total context ``ΣL`` (BLIS / inference-sim
@@ -114,19 +120,8 @@ from prefix_routing.lab.engine_model import EngineModel
 from prefix_routing.lab.fleet_config import FleetConfig
 from prefix_routing.lab.fleet_stats import CopyStats, instance_totals
 from prefix_routing.lab.latency import LatencyModel
-from prefix_routing.lab.routing import (
-    _GOLDEN,
-    _LEAST_OUTSTANDING,
-    _MASK,
-    _PREFIX_AWARE,
-    _RANDOM,
-    ROUTING_OVERHEAD_S,
-    Strategy,
-    mix64,
-    routing_key,
-    spill_copy,
-    stable_hash,
-)
+from prefix_routing.lab.routing import _KV_AWARE, ROUTING_OVERHEAD_S, Router, Strategy, routing_key
+from prefix_routing.lab.slot_cache import VLLM_BLOCKS, SlotCache
 from prefix_routing.rules.errors import UserError
 
 _consume = deque(maxlen=0).extend  # runs an iterator to its end in C
@@ -181,8 +176,9 @@ class Fleet:
         n = self.n = config.total_copies
         self._copies = config.copies
         self._rng = random.Random(config.seed)
-        self._seed_mix = mix64(config.seed & _MASK)
-        self._home_of: dict = {}
+        # RANDOM, LOR and PREFIX_AWARE (with its spill) route as the emulator on real engines does.
+        self.router = Router(config.strategy, n, concurrency_threshold=config.concurrency_threshold,
+                             copies_per_instance=config.copies, seed=config.seed, rng=self._rng)
         capacity = config.capacity_tokens
         self._infinite = math.isinf(capacity)
         self._cap_blocks = 0 if self._infinite else int(capacity // config.block_tokens)
@@ -205,10 +201,15 @@ class Fleet:
         self._k = config.key_blocks
         # Flat copies for the hot path.
         self._strategy = config.strategy
+        self._choose = self.router.choose
         self._threshold = config.concurrency_threshold
         self._bt = config.block_tokens
         self.engines = EngineModel(n, self.latency, budget=capacity, overhead_s=self._ttft_overhead,
                                    timeout_s=self._timeout)
+        self._slots = None if config.cache_policy == VLLM_BLOCKS else SlotCache(
+            n, slots=self.latency.max_num_seqs, context_tokens=capacity, block_tokens=config.block_tokens,
+            similarity=config.slot_prompt_similarity, cache_ram_mib=config.cache_ram_mib,
+            bytes_per_token=config.preset.model.kv_bytes_per_token)
 
     # ----------------------------------------------------------------- public API
 
@@ -224,12 +225,7 @@ class Fleet:
         Integer keys (chained block ids) use Fibonacci hashing inline, others a memoized mix of
         their ``stable_hash``; both are the same in every process.
         """
-        if type(key) is int:
-            return ((((key ^ self._seed_mix) * _GOLDEN) & _MASK) >> 16) % self.n
-        g = self._home_of.get(key)
-        if g is None:
-            g = self._home_of[key] = mix64(stable_hash(key) ^ self._seed_mix) % self.n
-        return g
+        return self.router.home(key)
 
     def submit(self, request: Request, now: float) -> Placement:
         """Route and schedule one request arriving at ``now``. Call ``advance(now)`` first."""
@@ -276,7 +272,7 @@ class Fleet:
         return list(self._out)
 
     def copy_stats(self) -> list[CopyStats]:
-        c = self._copies
+        c, slots = self._copies, self._slots
         return [
             CopyStats(
                 g // c,
@@ -285,7 +281,7 @@ class Fleet:
                 self._requests[g],
                 self._prompt[g],
                 self._cached[g],
-                math.inf if self._infinite else len(self._caches[g]),
+                slots.blocks_held(g) if slots is not None else math.inf if self._infinite else len(self._caches[g]),
                 self._spills_in[g],
                 self._timeouts[g],
             )
@@ -298,6 +294,8 @@ class Fleet:
 
     def cached_prefix_blocks(self, g: int, blocks: Sequence[Hashable]) -> int:
         """Leading blocks of ``blocks`` that copy ``g`` holds (no side effects)."""
+        if self._slots is not None:
+            return self._slots.held_prefix_blocks(g, blocks)
         contains = self._caches[g].__contains__
         m = 0
         for b in blocks:
@@ -321,37 +319,22 @@ class Fleet:
         caches = self._caches
         if n == 1:
             g = 0
-        elif strategy is _PREFIX_AWARE:
-            if type(key) is int:
-                g = ((((key ^ self._seed_mix) * _GOLDEN) & _MASK) >> 16) % n
-            else:
-                g = self._home_of.get(key)
-                if g is None:
-                    g = self.home(key)
-            if out[g] >= self._threshold:
-                home = g
-                g = spill_copy(out, home, self._threshold, self._copies)
-                if g != home:
-                    spilled = True
-                    self.spills += 1
-                    self._spills_in[g] += 1
-        elif strategy is _RANDOM:
-            g = int(self._rng.random() * n)
-        elif strategy is _LEAST_OUTSTANDING:
-            start = int(self._rng.random() * n)
-            g, best = start, out[start]
-            for j in range(start + 1, start + n):
-                j = j if j < n else j - n
-                if out[j] < best:
-                    g, best = j, out[j]
-        else:
+        elif strategy is _KV_AWARE:
             g = self._kv_choose(blocks, prompt, now)
-        cache = caches[g]
-        m = sum(map(cache.__contains__, blocks))
-
-        cached = m * self._bt
-        if cached > prompt:
-            cached = prompt
+        else:
+            g, spilled = self._choose(key, out)
+            if spilled:
+                self.spills += 1
+                self._spills_in[g] += 1
+        slots = self._slots
+        if slots is None:
+            cache = caches[g]
+            m = sum(map(cache.__contains__, blocks))
+            cached = m * self._bt
+            if cached > prompt:
+                cached = prompt
+        else:
+            cached = slots.lookup(g, blocks, prompt, output, now)
         self._requests[g] += 1
         out[g] += 1
         scheduled = self.engines.schedule(g, prompt, cached, output, now)
@@ -368,13 +351,17 @@ class Fleet:
         self._prompt[g] += prompt
         self._cached[g] += cached
 
-        _touch(cache, blocks, m, self._infinite, self._cap_blocks)
+        if slots is None:
+            _touch(cache, blocks, m, self._infinite, self._cap_blocks)
+        else:
+            slots.occupy(g, finish - self._ttft_overhead)  # the engine releases the slot at its finish
         return g, cached, first, tpot, finish, spilled, start
 
     def _kv_choose(self, blocks, prompt, now):
         """KV_AWARE: the lowest estimated wait + uncached prefill + load penalty (scan from a seeded copy)."""
         start = int(self._rng.random() * self.n)
-        return self.engines.kv_aware_copy(self._caches, self._out, blocks, prompt, now, start=start,
+        caches = self._caches if self._slots is None else self._slots.probes(blocks)
+        return self.engines.kv_aware_copy(caches, self._out, blocks, prompt, now, start=start,
                                           block_tokens=self.config.block_tokens,
                                           load_weight_s=self.config.kv_load_weight_s)
 

@@ -12,6 +12,7 @@ from prefix_routing.lab.routing import (
     Strategy,
     key_blocks,
 )
+from prefix_routing.lab.slot_cache import CACHE_POLICIES, CACHE_RAM_MIB, SLOT_PROMPT_SIMILARITY, VLLM_BLOCKS
 from prefix_routing.rules.errors import UserError
 from prefix_routing.stage.presets import DEFAULT_PRESET, Preset, get_preset
 
@@ -40,6 +41,11 @@ class FleetConfig:
     routing_overhead_s: float | None = None  # None: ROUTING_OVERHEAD_S for PREFIX/KV_AWARE, else 0
     kv_load_weight_s: float = KV_LOAD_WEIGHT_S
     timeout_s: float | None = INVOCATION_TIMEOUT_S  # None: never
+    # The engines' cache (prefix_routing.lab.slot_cache): vLLM's block LRU, or llama.cpp's slots, one
+    # per max_num_seqs (-np), sharing the capacity (-c), with --slot-prompt-similarity and --cache-ram.
+    cache_policy: str = VLLM_BLOCKS
+    slot_prompt_similarity: float = SLOT_PROMPT_SIMILARITY
+    cache_ram_mib: float = CACHE_RAM_MIB  # per copy; 0: off, -1: no byte limit (llama.cpp's values)
 
     def __post_init__(self) -> None:
         if isinstance(self.preset, str):
@@ -66,6 +72,13 @@ class FleetConfig:
             raise UserError(f"block_tokens={self.block_tokens}: must be > 0")
         if self.key_offset_bytes < 0:
             raise UserError(f"key_offset_bytes={self.key_offset_bytes}: must be >= 0")
+        if self.cache_policy not in CACHE_POLICIES:
+            raise UserError(f"cache_policy={self.cache_policy!r}: allowed: {', '.join(CACHE_POLICIES)}")
+        if not _number(self.slot_prompt_similarity) or not 0 <= self.slot_prompt_similarity <= 1:
+            raise UserError(f"slot_prompt_similarity={self.slot_prompt_similarity!r}: must be a number from 0 to 1")
+        ram = self.cache_ram_mib
+        if not _number(ram) or not (ram == -1 or 0 <= ram < float("inf")):
+            raise UserError(f"cache_ram_mib={ram!r}: must be a number of MiB >= 0 (0: off) or -1 (no limit)")
 
     @property
     def total_copies(self) -> int:
@@ -76,11 +89,20 @@ class FleetConfig:
         return float(self.preset.kv_tokens) if self.cache_tokens is None else float(self.cache_tokens)
 
     @property
+    def slot_tokens(self) -> float:
+        """llamacpp-slots: one slot's context, the capacity shared by max_num_seqs slots (-c / -np)."""
+        return self.capacity_tokens / self.preset.max_num_seqs
+
+    @property
     def key_blocks(self) -> int:
         """Leading blocks that the PrefixLength-byte routing key covers."""
         return key_blocks(
             self.prefix_length, self.bytes_per_token, self.block_tokens, self.block_bytes, self.key_offset_bytes
         )
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def check_int(name: str, value, low: int, high: int) -> None:

@@ -46,6 +46,7 @@ class Strategy(str, enum.Enum):
 
 _PREFIX_AWARE = Strategy.PREFIX_AWARE
 _RANDOM = Strategy.RANDOM
+_KV_AWARE = Strategy.KV_AWARE
 _LEAST_OUTSTANDING = Strategy.LEAST_OUTSTANDING_REQUESTS
 
 

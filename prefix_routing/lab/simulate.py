@@ -13,6 +13,7 @@ from prefix_routing.lab.common import _CHUNK, _percentiles, _progress
 from prefix_routing.lab.fleet import Fleet
 from prefix_routing.lab.fleet_config import FleetConfig
 from prefix_routing.lab.routing import Strategy, routing_key
+from prefix_routing.lab.slot_cache import LLAMACPP_SLOTS
 from prefix_routing.lab.traces import Trace
 from prefix_routing.rules.errors import UserError
 
@@ -65,6 +66,9 @@ class SimResult:
             "prefix_length": cfg.prefix_length,
             "key_blocks": cfg.key_blocks,
             "concurrency_threshold": cfg.concurrency_threshold,
+            "cache_policy": cfg.cache_policy,
+            **({"slots": cfg.preset.max_num_seqs, "slot_prompt_similarity": cfg.slot_prompt_similarity,
+                "cache_ram_mib": cfg.cache_ram_mib} if cfg.cache_policy == LLAMACPP_SLOTS else {}),
             "wall_s": self.wall_s,
         }
 
