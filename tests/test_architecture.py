@@ -53,7 +53,8 @@ ALLOWED = {
     "lab": ({"rules", "stage"}, {"numpy", "matplotlib", "tqdm", "boto3", "botocore"}),
     "emulator": ({"rules", "stage", "lab"}, set()),
     "loadtest": ({"rules", "stage", "lab", "emulator"}, {"boto3", "botocore", "matplotlib", "tqdm", "sagemaker"}),
-    "engines": ({"rules"}, {"gguf", "numpy"}),
+    # engines -> stage: calibrate writes its preset file with stage/preset_file.py, the one definition of the format
+    "engines": ({"rules", "stage"}, {"gguf", "numpy"}),
     "verify": ({"rules", "stage", "loadtest"}, {"boto3", "botocore"}),
     "cli": ({"rules", "stage", "lab", "emulator", "loadtest", "frontdoor", "verify", "engines", "package"}, set()),
     "stacks": ({"stage", "package"}, {"aws_cdk", "constructs", "cdk_nag", "jsii"}),

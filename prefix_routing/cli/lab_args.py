@@ -9,6 +9,7 @@ from pathlib import Path
 from prefix_routing.lab.common import CANDIDATE_PREFIX_LENGTHS, CANDIDATE_THRESHOLDS
 from prefix_routing.lab.fleet_config import FleetConfig
 from prefix_routing.lab.routing import CONCURRENCY_THRESHOLD_RANGE, PREFIX_LENGTH_RANGE, Strategy
+from prefix_routing.lab.slot_cache import CACHE_POLICIES, CACHE_RAM_MIB, LLAMACPP_SLOTS, SLOT_PROMPT_SIMILARITY
 from prefix_routing.lab.traces import Trace
 from prefix_routing.lab.workloads import WORKLOADS, LongContextSpec
 from prefix_routing.rules.errors import UserError
@@ -75,6 +76,32 @@ def _strategy(text: str) -> Strategy:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _similarity(text: str) -> float:
+    """--slot-prompt-similarity: a fraction from 0 (off) to 1, as llama-server takes it."""
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (allowed: 0 to 1)") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be from 0 to 1 (0 = off)")
+    return value
+
+
+def _cache_ram(text: str) -> float:
+    """--cache-ram: MiB per copy, as llama-server takes it (0 = off, -1 = no limit)."""
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of MiB (0 = off, -1 = no limit)") from None
+    if not (value == -1 or 0 <= value < math.inf):
+        raise argparse.ArgumentTypeError(f"{text}: must be MiB >= 0 (0 = off) or -1 (no limit)")
+    return value
+
+
 def add_trace_arguments(parser) -> None:
     parser.add_argument(
         "trace", nargs="?", metavar="TRACE",
@@ -113,7 +140,11 @@ def add_fleet_arguments(parser, *, grid: bool) -> None:
         parser.add_argument("--prefix-length", type=pl, metavar="B", help="PrefixLength in bytes, 1024–65536 (default 4096)")
         parser.add_argument("--concurrency-threshold", type=ct, metavar="T", help="ConcurrencyThreshold, 1–1024 (default 10)")
     parser.add_argument("--cache-tokens", type=parse_cache_tokens, metavar="K", help="KV-cache tokens per copy, or 'infinite' (default: from the preset)")
+    parser.add_argument("--cache-policy", choices=CACHE_POLICIES, help="the engines' cache: vllm-blocks (an LRU of blocks; default) or llamacpp-slots (llama-server: one sequence per slot, the preset's max_num_seqs slots sharing --cache-tokens, and --cache-ram)")
+    parser.add_argument("--slot-prompt-similarity", type=_similarity, metavar="F", help=f"llamacpp-slots: llama-server's --slot-prompt-similarity (default {SLOT_PROMPT_SIMILARITY:.2f}; 0 = off)")
+    parser.add_argument("--cache-ram", type=_cache_ram, metavar="MIB", help=f"llamacpp-slots: llama-server's --cache-ram, MiB of saved slot states per copy (default {CACHE_RAM_MIB:.0f}; 0 = off, -1 = no limit)")
     parser.add_argument("--preset", metavar="NAME", help="instance × model preset (default p5.48xlarge-llama3.1-70b); 'list' lists them")
+    parser.add_argument("--preset-file", metavar="FILE", help="a preset file measured on a real engine (`calibrate --out FILE`) instead of --preset")
     parser.add_argument("--speed", type=_positive_float("--speed"), default=1.0, metavar="F", help="replay F times faster than the trace (default 1)")
     parser.add_argument("--out-dir", default=None, metavar="DIR", help="where to write the PNG plots (default out/<command>)")
     parser.add_argument("--no-plots", action="store_true", help="write no PNG")
@@ -196,6 +227,18 @@ def key_offset_bytes(args) -> int:
     return args.key_offset_bytes
 
 
+def _preset_from_args(args):
+    """The preset of --preset-file (None without it); with --preset too, a UserError."""
+    path = getattr(args, "preset_file", None)
+    if path is None:
+        return None
+    if args.preset:
+        raise UserError(f"--preset {args.preset} and --preset-file {path}: give one of them")
+    from prefix_routing.stage.preset_file import load_preset_file
+
+    return load_preset_file(path)
+
+
 def fleet_config_from_args(args, trace: Trace | None, spec: "LongContextSpec | None", **fixed) -> FleetConfig:
     """A FleetConfig from the flags; unset flags fall back to the workload's or the lab's defaults.
 
@@ -207,7 +250,7 @@ def fleet_config_from_args(args, trace: Trace | None, spec: "LongContextSpec | N
     values = {
         "instances": args.instances or base.instances,
         "copies": args.copies,
-        "preset": args.preset or (base.preset.name),
+        "preset": _preset_from_args(args) or args.preset or (base.preset.name),
         "prefix_length": base.prefix_length,
         "concurrency_threshold": base.concurrency_threshold,
         "cache_tokens": args.cache_tokens if args.cache_tokens is not None else base.cache_tokens,
@@ -217,6 +260,9 @@ def fleet_config_from_args(args, trace: Trace | None, spec: "LongContextSpec | N
         "block_bytes": trace.block_bytes if trace else base.block_bytes,
         "seed": args.seed,
     }
+    for name in ("cache_policy", "slot_prompt_similarity", "cache_ram_mib"):
+        flag = getattr(args, name if name != "cache_ram_mib" else "cache_ram", None)
+        values[name] = flag if flag is not None else getattr(base, name)
     values.update(fixed)
     return FleetConfig(**values)
 
@@ -243,10 +289,16 @@ def plot_dir(args, command: str) -> Path | None:
 
 def describe_fleet(config: FleetConfig) -> str:
     p = config.preset
-    cache = "unbounded" if math.isinf(config.capacity_tokens) else f"{config.capacity_tokens / 1e6:.2f}M tokens (LRU)"
+    cache = "unbounded" if math.isinf(config.capacity_tokens) else f"{config.capacity_tokens / 1e6:.2f}M tokens"
+    if config.cache_policy == LLAMACPP_SLOTS:
+        ram = {0: "off", -1: "no limit"}.get(config.cache_ram_mib, f"{config.cache_ram_mib:g} MiB")
+        policy = (f"llamacpp-slots: {p.max_num_seqs} slots of {config.slot_tokens:,.0f} tokens, "
+                  f"slot-prompt-similarity {config.slot_prompt_similarity:g}, cache-ram {ram}")
+    else:
+        policy = "vllm-blocks: an LRU of blocks"
     return (
         f"{config.instances} × {p.instance.name}, {p.model.name} TP{p.tp}, {config.copies} "
-        f"cop{'y' if config.copies == 1 else 'ies'} each; KV cache {cache} per copy"
+        f"cop{'y' if config.copies == 1 else 'ies'} each; KV cache {cache} per copy ({policy})"
     )
 
 

@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "verify": "verify",
     "images": "images",
     "engines": "engines",
+    "calibrate": "calibrate",
 }
 
 

@@ -40,6 +40,7 @@ class EngineModel:
             latency.attention_s_per_token_pair,
             latency.max_num_seqs,
             budget,  # KV tokens that running requests may reserve
+            latency.prefill_constant_s,
         )
 
     def ready_s(self, g: int) -> float:
@@ -59,7 +60,7 @@ class EngineModel:
         """
         # Wait for a slot (at most max_num_seqs running, their tokens within the KV budget), first
         # come first served, then for the copy's prefill queue.
-        base, per_ctx, per_seq, chunk, a1, a2, limit, budget = self._constants
+        base, per_ctx, per_seq, chunk, a1, a2, limit, budget, a0 = self._constants
         new = prompt - cached
         slots = self.slots[g]
         run = self.run_tokens[g]
@@ -88,7 +89,7 @@ class EngineModel:
         begin = start if start > free else free
         chunks = -(-new // chunk) if new > 0 else 1
         end = begin + (
-            new * (a1 + a2 * (cached + new * 0.5)) + chunks * (base + per_ctx * run + per_seq * batch)
+            a0 + new * (a1 + a2 * (cached + new * 0.5)) + chunks * (base + per_ctx * run + per_seq * batch)
         ) * slow
         overhead = self.overhead_s
         first = end + overhead

@@ -1,4 +1,9 @@
-"""The latency model of one engine copy: prefill and decode step times from the model preset (BLIS-style coefficients)."""
+"""The latency model of one engine copy: prefill and decode step times from the model preset (BLIS-style coefficients).
+
+A preset measured on a real engine (``stage/preset_file.py``, written by ``calibrate``) carries its
+own coefficients; they are used as they are, with the measured constant ``prefill_constant_s``
+added once per prefill.
+"""
 
 from __future__ import annotations
 
@@ -29,9 +34,23 @@ class LatencyModel:
     max_num_seqs: int
     allreduce_s: float = 0.0  # per step, calibrated
     effective_flops: float = 0.0  # TP · peak · MFU, calibrated
+    prefill_constant_s: float = 0.0  # once per prefill; measured presets only (0: the roofline's none)
 
     @classmethod
     def from_preset(cls, preset: Preset) -> "LatencyModel":
+        measured = preset.latency_coefficients
+        if measured is not None:
+            # A real engine's fit: its batching cost per sequence was not measured, so it is 0.
+            return cls(
+                prefill_s_per_token=measured.prefill_s_per_token,
+                attention_s_per_token_pair=measured.attention_s_per_token_pair,
+                step_base_s=measured.step_base_s,
+                step_s_per_context_token=measured.step_s_per_context_token,
+                step_s_per_sequence=0.0,
+                chunk_tokens=preset.max_batched_tokens,
+                max_num_seqs=preset.max_num_seqs,
+                prefill_constant_s=measured.prefill_constant_s,
+            )
         model, gpu, tp = preset.model, preset.instance.gpu, preset.tp
         hbm = gpu.hbm_bytes_per_s
         # Calibrate TP·peak·MFU to the preset's prefill throughput at 4,096 uncached tokens.
@@ -76,6 +95,7 @@ class LatencyModel:
         )
 
     def prefill_s(self, new_tokens: float, cached_tokens: float, batch: int = 0, context_tokens: float = 0) -> float:
-        """Compute time of the uncached tokens plus one step overhead per chunk."""
+        """The constant, the compute time of the uncached tokens, and one step overhead per chunk."""
         chunks = max(1, math.ceil(new_tokens / self.chunk_tokens))
-        return self.prefill_compute_s(new_tokens, cached_tokens) + chunks * self.step_s(batch, context_tokens)
+        return (self.prefill_constant_s + self.prefill_compute_s(new_tokens, cached_tokens)
+                + chunks * self.step_s(batch, context_tokens))

@@ -111,6 +111,23 @@ MODELS = {m.name: m for m in (LLAMA_31_8B, LLAMA_31_70B, QWEN3_32B)}
 
 
 @dataclass(frozen=True)
+class LatencyCoefficients:
+    """Measured latency figures of one engine copy, in seconds (``stage/preset_file.py`` reads them).
+
+    A prompt of ``n`` new tokens after ``k`` cached ones takes
+    ``prefill_constant_s + prefill_s_per_token·n + attention_s_per_token_pair·n·(k + n/2)``; a decode
+    step at ``t`` context tokens ``step_base_s + step_s_per_context_token·t``. They replace the
+    roofline figures that ``LatencyModel.from_preset`` otherwise derives from the GPU and the model.
+    """
+
+    prefill_constant_s: float  # a
+    prefill_s_per_token: float  # b
+    attention_s_per_token_pair: float  # c
+    step_base_s: float  # d
+    step_s_per_context_token: float  # e
+
+
+@dataclass(frozen=True)
 class Preset:
     """One replica layout of a model on an instance type, with its calibrated speed figures."""
 
@@ -124,13 +141,20 @@ class Preset:
     decode_step_s: float  # engine step at batch 32, 2k context per sequence
     table_kv_tokens: int  # fleet-presets.md's "KV tokens per replica", to check kv_tokens against
     confidence: str  # H / M / L as in fleet-presets.md
+    # Overrides of what is otherwise derived (None: derive): a preset measured on a real engine.
+    latency_coefficients: LatencyCoefficients | None = None
+    kv_tokens_override: int | None = None  # KV capacity of one copy in tokens
+    max_num_seqs_override: int | None = None
+    max_batched_tokens_override: int | None = None
 
     @property
     def kv_tokens(self) -> int:
-        """KV-cache capacity of one replica in tokens, sized as vLLM does.
+        """KV-cache capacity of one replica in tokens, sized as vLLM does (unless overridden).
 
         (TP × GPU memory × 0.9 − weights − 2 GiB × TP) ÷ KV bytes per token.
         """
+        if self.kv_tokens_override is not None:
+            return self.kv_tokens_override
         gpu = self.instance.gpu
         free = (
             self.tp * gpu.memory_bytes * GPU_MEMORY_UTILIZATION
@@ -141,12 +165,16 @@ class Preset:
 
     @property
     def max_num_seqs(self) -> int:
-        """vLLM's default concurrent sequences per engine (OpenAI server context)."""
+        """vLLM's default concurrent sequences per engine (OpenAI server context), unless overridden."""
+        if self.max_num_seqs_override is not None:
+            return self.max_num_seqs_override
         return 1024 if self.instance.gpu.large_memory else 256
 
     @property
     def max_batched_tokens(self) -> int:
-        """vLLM's default tokens per engine step, i.e. the chunked-prefill chunk."""
+        """vLLM's default tokens per engine step, i.e. the chunked-prefill chunk, unless overridden."""
+        if self.max_batched_tokens_override is not None:
+            return self.max_batched_tokens_override
         return 8192 if self.instance.gpu.large_memory else 2048
 
 
