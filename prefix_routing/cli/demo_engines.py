@@ -15,6 +15,7 @@ Sized for this 2-core machine: P prefixes of about 1,500 tokens (the tiny model'
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, replace
 
@@ -22,6 +23,7 @@ from prefix_routing.cli.demo_run import CaseResult, _stage
 from prefix_routing.lab import bodies
 from prefix_routing.lab.workloads import LongContextSpec, long_context_workload
 from prefix_routing.loadtest import BodyPreparer, SageMakerTarget, WorkItem, run_load, summarize
+from prefix_routing.rules.errors import UserError
 from prefix_routing.rules.settings import NormalizerSettings
 
 
@@ -60,6 +62,12 @@ def engine_items(spec: EngineDemoSpec) -> list[WorkItem]:
 def run_engine_case(items: list[WorkItem], strategy: str, client: str, spec: EngineDemoSpec,
                     say=lambda text: None) -> CaseResult:
     """One case on fresh engines: cold caches, the stage's routing, the load tester in closed loop."""
+    return engine_run(items, strategy, client, spec, say=say)[0]
+
+
+def engine_run(items: list[WorkItem], strategy: str, client: str, spec: EngineDemoSpec,
+               say=lambda text: None) -> tuple[CaseResult, list]:
+    """:func:`run_engine_case` with the load tester's rows (one per request, in item order)."""
     from prefix_routing.emulator.engine_backend import start_engine_emulator
     from prefix_routing.engines.session import local_engines
 
@@ -84,8 +92,13 @@ def run_engine_case(items: list[WorkItem], strategy: str, client: str, spec: Eng
     summary = summarize(result)
     per_engine = [e["requests"] for e in status["engines"]]
     mean = sum(per_engine) / len(per_engine)
+    return _case(f"engines ({spec.engines} × llama.cpp)", strategy, client, summary, status, per_engine, mean), \
+        sorted(result.results, key=lambda row: row.index)
+
+
+def _case(workload, strategy, client, summary, status, per_engine, mean) -> CaseResult:
     return CaseResult(
-        workload=f"engines ({spec.engines} × llama.cpp)",
+        workload=workload,
         strategy=strategy,
         client=client,
         sent=summary["requests_sent"],
@@ -107,3 +120,65 @@ def run_engine_demo(spec: EngineDemoSpec = EngineDemoSpec(), *, strategies=("RAN
             if progress:
                 progress(results[-1])
     return results
+
+
+def predicted_case(items: list[WorkItem], strategy: str, client: str, spec: EngineDemoSpec, preset,
+                   prompt_tokens: list[int]) -> CaseResult:
+    """What the lab predicts for :func:`engine_run`'s case: the same bodies, routing keys, users and
+    seed, on a fleet of ``spec.engines`` copies with the calibrated ``preset`` and llama.cpp's slot
+    cache (``cache_policy="llamacpp-slots"``, the engines' ``--cache-ram``).
+
+    The engines' KV cache sees the prompt text (messages laid out in order, as the chat template
+    does): its chained hashes in 64-byte blocks are the cache's block ids, at the workload's own
+    bytes per token (``prompt_tokens`` is the engines' count for each request: the tokenizer's, not
+    the cache's, figure). The routing key is the body's first PrefixLength bytes, as the emulator's.
+    """
+    import hashlib
+
+    from prefix_routing.emulator.chat import _prompt_text
+    from prefix_routing.lab.fleet_config import FleetConfig
+    from prefix_routing.lab.simulate import simulate
+    from prefix_routing.lab.traces import Trace
+    from prefix_routing.rules.identity import block_hashes
+
+    block_bytes = 64
+    prepare = BodyPreparer(vary=client == "varied", normalize=client == "normalized",
+                           settings=NormalizerSettings(prefix_length=spec.prefix_length), seed=spec.seed)
+    bodies_sent = [prepare(item) for item in items]
+    texts = [_prompt_text(json.loads(body))[0].encode("utf-8") for body in bodies_sent]
+    bytes_per_token = sum(map(len, texts)) / sum(prompt_tokens)
+    interned: dict = {}
+    blocks = [[interned.setdefault(h, len(interned)) for h in block_hashes(text, block_bytes)] for text in texts]
+    outputs = [json.loads(body).get("max_tokens") or 16 for body in bodies_sent]
+    trace = Trace([item.at_s for item in items], list(prompt_tokens), outputs, blocks,
+                  block_tokens=block_bytes / bytes_per_token, source="engine demo workload")
+    keys = [hashlib.sha256(body[: spec.prefix_length]).digest() for body in bodies_sent]
+    config = FleetConfig(instances=spec.engines, copies=1, strategy=strategy, prefix_length=spec.prefix_length,
+                         concurrency_threshold=spec.concurrency_threshold, preset=preset,
+                         block_tokens=block_bytes / bytes_per_token, bytes_per_token=bytes_per_token,
+                         cache_policy="llamacpp-slots", cache_ram_mib=spec.cache_ram_mib, seed=spec.seed,
+                         request_overhead_s=0.0, routing_overhead_s=0.0)
+    result = simulate(trace, config, users=spec.concurrency, keys=keys if strategy == "PREFIX_AWARE" else None)
+    per_instance = result.instance_requests
+    mean = sum(per_instance) / len(per_instance)
+    summary = {"requests_sent": result.requests, "succeeded": result.requests - result.timeouts,
+               "ttft_p50_s": result.ttft_p50_s, "ttft_p90_s": result.ttft_p90_s}
+    return _case("lab prediction", strategy, client, summary, {"hit_rate": result.hit_rate}, per_instance, mean)
+
+
+def fidelity_rows(spec: EngineDemoSpec, preset, strategies=("RANDOM", "PREFIX_AWARE")) -> list[dict]:
+    """Per strategy: the engines' measured hit rate and TTFT beside the lab's prediction (normalized clients)."""
+    items = engine_items(spec)
+    rows = []
+    for strategy in strategies:
+        measured, results = engine_run(items, strategy, "normalized", spec)
+        prompt_tokens = [r.prompt_tokens for r in results]
+        if None in prompt_tokens:
+            raise UserError(f"{strategy}: {prompt_tokens.count(None)} requests came back without usage")
+        predicted = predicted_case(items, strategy, "normalized", spec, preset, prompt_tokens)
+        rows.append({"strategy": strategy, "requests": measured.sent, "succeeded": measured.succeeded,
+                     "hit_measured": measured.hit_rate, "hit_predicted": predicted.hit_rate,
+                     "p50_measured_ms": measured.ttft_p50_ms, "p50_predicted_ms": predicted.ttft_p50_ms,
+                     "p90_measured_ms": measured.ttft_p90_ms, "p90_predicted_ms": predicted.ttft_p90_ms,
+                     "max_mean_measured": measured.max_mean_requests, "max_mean_predicted": predicted.max_mean_requests})
+    return rows

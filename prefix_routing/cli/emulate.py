@@ -17,6 +17,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--stage", default="default", help="stage whose routing settings to emulate")
     parser.add_argument("--speed", type=float, default=1.0, help="model time runs this many times faster")
     parser.add_argument("--preset", help="lab preset instead of the one matching the stage's instance and model")
+    parser.add_argument("--preset-file", metavar="FILE",
+                        help="a preset measured on a real engine (`calibrate --out FILE`) instead of --preset")
     parser.add_argument("--cache-tokens", help="KV-cache tokens per copy, or 'infinite' (default: the preset's)")
     parser.add_argument("--faults", default="", help="e.g. throttle_rate=0.05,stream_error_rate=0.01,seed=1")
     parser.add_argument("--slow-instance", metavar="I:FACTOR", help="make instance I FACTOR times slower")
@@ -52,8 +54,15 @@ def run(args) -> int:
     faults = Faults.from_spec(args.faults)
     if args.engines is not None or args.engine_url:
         return _run_on_engines(args, config, faults)
+    preset = args.preset
+    if args.preset_file:
+        from prefix_routing.stage.preset_file import load_preset_file
+
+        if args.preset:
+            raise UserError(f"--preset {args.preset} and --preset-file {args.preset_file}: give one of them")
+        preset = load_preset_file(args.preset_file)
     server = start_emulator(
-        config, port=args.port, speed=args.speed, faults=faults, preset=args.preset,
+        config, port=args.port, speed=args.speed, faults=faults, preset=preset,
         cache_tokens=cache, slow_instance=slow,
     )
     _serve(args, config, server, "the lab's fleet model")
@@ -64,7 +73,7 @@ def _run_on_engines(args, config, faults) -> int:
     from prefix_routing.emulator.engine_backend import start_engine_emulator
     from prefix_routing.engines.session import local_engines
 
-    fleet_only = [flag for flag, given in (("--speed", args.speed != 1.0), ("--preset", args.preset),
+    fleet_only = [flag for flag, given in (("--speed", args.speed != 1.0), ("--preset", args.preset), ("--preset-file", args.preset_file),
                                            ("--cache-tokens", args.cache_tokens), ("--slow-instance", args.slow_instance))
                   if given]
     if fleet_only:

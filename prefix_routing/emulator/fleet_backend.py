@@ -80,7 +80,7 @@ def preset_for_stage(config: StageConfig) -> Preset:
 
 
 def fleet_config_for_stage(
-    config: StageConfig, *, preset: str | None = None, cache_tokens: float | None = None, seed: int = 0
+    config: StageConfig, *, preset: "str | Preset | None" = None, cache_tokens: float | None = None, seed: int = 0
 ) -> FleetConfig:
     """The endpoint at its maximum size, routed as the stage routes it."""
     chosen = preset or preset_for_stage(config)
@@ -267,7 +267,7 @@ def start_emulator(
     port: int = 0,
     speed: float = 1.0,
     faults=None,
-    preset: str | None = None,
+    preset: "str | Preset | None" = None,
     cache_tokens: float | None = None,
     slow_instance: tuple[int, float] | None = None,
     seed: int = 0,

@@ -81,7 +81,10 @@ def start(count: int, binary: Path, model: Path, state: Path, *, log_dir: Path, 
         deadline = time.monotonic() + wait_s
         for engine in engines:
             while not _healthy(engine.url):
-                if time.monotonic() > deadline or not _alive(engine):
+                if not _alive(engine):
+                    raise UserError(f"engine on port {engine.port} (pid {engine.pid}) exited while starting: "
+                                    f"see {engine.log}")
+                if time.monotonic() > deadline:
                     raise UserError(f"engine on port {engine.port} did not become healthy within {wait_s:g} s: "
                                     f"see {engine.log}")
                 time.sleep(0.2)

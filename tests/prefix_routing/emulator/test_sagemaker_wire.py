@@ -129,6 +129,7 @@ def test_jsonl_stream_format_and_cached_tokens():
             assert response["ContentType"] == "application/jsonlines"
             lines = b"".join(e["PayloadPart"]["Bytes"] for e in response["Body"]).splitlines()
             usages.append(json.loads(lines[-1])["usage"])
+        server.wait_until_idle()  # the last outcome is booked just after its last byte is sent
         status = json.loads(_get(server, "/status"))
     assert [u["prompt_tokens"] for u in usages] == [41, 41, 41]
     assert [u["prompt_tokens_details"]["cached_tokens"] for u in usages] == [0, 32, 0]

@@ -1,0 +1,52 @@
+"""``emulate``'s choices: the fleet model (with a measured preset) or real engines, and what does not mix."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefix_routing.emulator.fleet_backend import start_emulator
+from prefix_routing.stage.config import load_stage
+from prefix_routing.stage.preset_file import PresetFile, load_preset_file, write_preset_file
+from prefix_routing.stage.presets import LatencyCoefficients
+from tests.prefix_routing.cli.test_lab_commands import run
+
+
+@pytest.fixture
+def preset_file(tmp_path):
+    return write_preset_file(tmp_path / "engine.json", PresetFile(
+        name="local-test", coefficients=LatencyCoefficients(0.0074, 0.000134, 1.8e-7, 0.00226, 8.9e-7), slots=1,
+        context_per_slot=8192, kv_bytes_per_token=4096, model_name="tiny.gguf"))
+
+
+def test_the_fleet_model_runs_on_a_measured_preset(preset_file):
+    server = start_emulator(load_stage(), preset=load_preset_file(preset_file))
+    try:
+        status = server.status()["backend"]
+    finally:
+        server.stop()
+    assert status["preset"] == "local-test"
+    assert len(status["instances"]) == load_stage().endpoint.instances_max  # one copy per instance
+
+
+def test_emulate_serves_with_a_preset_file_and_stops(capsys, preset_file):
+    code, _, err = run(capsys, "emulate", "--port", "0", "--preset-file", preset_file, "--duration", "0.2")
+    assert code == 0 and "model: the lab's fleet model" in err
+
+
+def test_emulate_serves_in_front_of_named_engines(capsys):
+    # Nothing listens on port 9: serving starts anyway (a request would get ModelError 502).
+    code, _, err = run(capsys, "emulate", "--port", "0", "--engine-url", "http://127.0.0.1:9", "--duration", "0.2")
+    assert code == 0 and "model: 1 engine(s)" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--preset", "p5.48xlarge-llama3.1-70b", "--preset-file", "x.json"], "give one of them"),
+    (["--engine-url", "http://127.0.0.1:9", "--speed", "5"], "--speed: options of the fleet model"),
+    (["--engines", "2", "--cache-tokens", "1000"], "--cache-tokens: options of the fleet model"),
+    (["--engines", "2", "--engine-url", "http://127.0.0.1:9"], "give one of them"),
+    (["--engines", "0"], "--engines 0: allowed 1 to 16"),
+    (["--engine-url", "ftp://somewhere"], "expected http://HOST:PORT"),
+])
+def test_emulate_refuses_what_does_not_mix(capsys, argv, message):
+    code, _, err = run(capsys, "emulate", "--port", "0", "--duration", "0.1", *argv)
+    assert code == 2 and message in err, err
