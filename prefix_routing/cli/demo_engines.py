@@ -19,7 +19,7 @@ import json
 import math
 from dataclasses import dataclass, replace
 
-from prefix_routing.cli.demo_run import CaseResult, _stage
+from prefix_routing.cli.demo_run import CaseResult, _stage, case_result
 from prefix_routing.lab import bodies
 from prefix_routing.lab.workloads import LongContextSpec, long_context_workload
 from prefix_routing.loadtest import BodyPreparer, SageMakerTarget, WorkItem, run_load, summarize
@@ -90,24 +90,11 @@ def engine_run(items: list[WorkItem], strategy: str, client: str, spec: EngineDe
         finally:
             server.stop()
     summary = summarize(result)
-    per_engine = [e["requests"] for e in status["engines"]]
-    mean = sum(per_engine) / len(per_engine)
-    return _case(f"engines ({spec.engines} × llama.cpp)", strategy, client, summary, status, per_engine, mean), \
-        sorted(result.results, key=lambda row: row.index)
-
-
-def _case(workload, strategy, client, summary, status, per_engine, mean) -> CaseResult:
-    return CaseResult(
-        workload=workload,
-        strategy=strategy,
-        client=client,
-        sent=summary["requests_sent"],
-        succeeded=summary["succeeded"],
-        ttft_p50_ms=(summary["ttft_p50_s"] or math.nan) * 1000,
-        ttft_p90_ms=(summary["ttft_p90_s"] or math.nan) * 1000,
-        hit_rate=status["hit_rate"],
-        max_mean_requests=max(per_engine) / mean if mean else math.nan,
-    )
+    case = case_result(f"engines ({spec.engines} × llama.cpp)", strategy, client, sent=summary["requests_sent"],
+                       succeeded=summary["succeeded"], ttft_p50_s=summary["ttft_p50_s"],
+                       ttft_p90_s=summary["ttft_p90_s"], hit_rate=status["hit_rate"],
+                       per_copy=[e["requests"] for e in status["engines"]])
+    return case, sorted(result.results, key=lambda row: row.index)
 
 
 def run_engine_demo(spec: EngineDemoSpec = EngineDemoSpec(), *, strategies=("RANDOM", "PREFIX_AWARE"),
@@ -159,11 +146,9 @@ def predicted_case(items: list[WorkItem], strategy: str, client: str, spec: Engi
                          cache_policy="llamacpp-slots", cache_ram_mib=spec.cache_ram_mib, seed=spec.seed,
                          request_overhead_s=0.0, routing_overhead_s=0.0)
     result = simulate(trace, config, users=spec.concurrency, keys=keys if strategy == "PREFIX_AWARE" else None)
-    per_instance = result.instance_requests
-    mean = sum(per_instance) / len(per_instance)
-    summary = {"requests_sent": result.requests, "succeeded": result.requests - result.timeouts,
-               "ttft_p50_s": result.ttft_p50_s, "ttft_p90_s": result.ttft_p90_s}
-    return _case("lab prediction", strategy, client, summary, {"hit_rate": result.hit_rate}, per_instance, mean)
+    return case_result("lab prediction", strategy, client, sent=result.requests,
+                       succeeded=result.requests - result.timeouts, ttft_p50_s=result.ttft_p50_s,
+                       ttft_p90_s=result.ttft_p90_s, hit_rate=result.hit_rate, per_copy=result.instance_requests)
 
 
 def fidelity_rows(spec: EngineDemoSpec, preset, strategies=("RANDOM", "PREFIX_AWARE")) -> list[dict]:

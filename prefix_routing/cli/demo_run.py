@@ -178,19 +178,18 @@ def run_case(workload: Workload, client: str, *, concurrency: int, seed: int) ->
             target.close()
         status = json.loads(urllib.request.urlopen(f"{url}/status", timeout=10).read())["backend"]
     summary = summarize(result)
-    per_instance = [i["requests"] for i in status["instances"]]
-    mean = sum(per_instance) / len(per_instance)
-    return CaseResult(
-        workload=workload.name,
-        strategy=workload.stage.routing.strategy,
-        client=client,
-        sent=summary["requests_sent"],
-        succeeded=summary["succeeded"],
-        ttft_p50_ms=(status["ttft_p50_s"] or math.nan) * 1000,
-        ttft_p90_ms=(status["ttft_p90_s"] or math.nan) * 1000,
-        hit_rate=summary["hit_rate"],
-        max_mean_requests=max(per_instance) / mean if mean else math.nan,
-    )
+    return case_result(workload.name, workload.stage.routing.strategy, client, sent=summary["requests_sent"],
+                       succeeded=summary["succeeded"], ttft_p50_s=status["ttft_p50_s"],
+                       ttft_p90_s=status["ttft_p90_s"], hit_rate=summary["hit_rate"],
+                       per_copy=[i["requests"] for i in status["instances"]])
+
+
+def case_result(workload: str, strategy: str, client: str, *, sent: int, succeeded: int, ttft_p50_s: float | None,
+                ttft_p90_s: float | None, hit_rate: float | None, per_copy: list[int]) -> CaseResult:
+    """One row of the table; ``per_copy``: requests per instance or engine (for max/mean)."""
+    mean = sum(per_copy) / len(per_copy) if per_copy else 0
+    return CaseResult(workload, strategy, client, sent, succeeded, (ttft_p50_s or math.nan) * 1000,
+                      (ttft_p90_s or math.nan) * 1000, hit_rate, max(per_copy) / mean if mean else math.nan)
 
 
 def run_demo(*, conversation_requests: int = 1000, long_context_requests: int = 360, speed: float = 20.0,
