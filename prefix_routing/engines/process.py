@@ -69,7 +69,7 @@ def start(count: int, binary: Path, model: Path, state: Path, *, log_dir: Path, 
     if state.exists() and running(state):
         raise UserError(f"engines already running (see {state}): stop them first")
     log_dir.mkdir(parents=True, exist_ok=True)
-    engines = []
+    engines, children = [], []
     try:
         for _ in range(count):
             port = free_port()
@@ -77,19 +77,30 @@ def start(count: int, binary: Path, model: Path, state: Path, *, log_dir: Path, 
             with log.open("w") as out:
                 process = subprocess.Popen(server_command(binary, model, port, **options), stdout=out,
                                            stderr=subprocess.STDOUT, start_new_session=True)
+            children.append(process)
             engines.append(Engine(f"http://127.0.0.1:{port}", process.pid, port, str(log), str(binary)))
         deadline = time.monotonic() + wait_s
-        for engine in engines:
+        for engine, child in zip(engines, children):
             while not _healthy(engine.url):
-                if not _alive(engine):
-                    raise UserError(f"engine on port {engine.port} (pid {engine.pid}) exited while starting: "
-                                    f"see {engine.log}")
+                # Our own child: its Popen knows whether it exited (a /proc read right after the
+                # start once saw a live engine as gone, and left it running).
+                if child.poll() is not None:
+                    raise UserError(f"engine on port {engine.port} (pid {engine.pid}) exited with status "
+                                    f"{child.returncode} while starting: see {engine.log}")
                 if time.monotonic() > deadline:
                     raise UserError(f"engine on port {engine.port} did not become healthy within {wait_s:g} s: "
                                     f"see {engine.log}")
                 time.sleep(0.2)
     except BaseException:
-        _terminate(engines)
+        for child in children:  # by the ids this call started, whatever /proc says
+            if child.poll() is None:
+                child.terminate()
+        for child in children:
+            try:
+                child.wait(10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
         raise
     state.parent.mkdir(parents=True, exist_ok=True)
     tmp = state.with_suffix(".tmp")

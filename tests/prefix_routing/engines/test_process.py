@@ -50,7 +50,7 @@ def test_stop_never_kills_a_process_that_reused_a_recorded_pid(fake_server, tmp_
 def test_an_engine_that_dies_at_start_is_a_clear_error_and_nothing_is_left(fake_server, tmp_path, monkeypatch):
     real = process.server_command
     monkeypatch.setattr(process, "server_command", lambda *a, **k: real(*a, **k) + ["--fail"])
-    with pytest.raises(UserError, match=r"exited while starting: see .*engine-\d+\.log"):
+    with pytest.raises(UserError, match=r"exited with status 3 while starting: see .*engine-\d+\.log"):
         process.start(1, fake_server, tmp_path / "m.gguf", tmp_path / "s.json", log_dir=tmp_path, wait_s=5)
     assert not (tmp_path / "s.json").exists()
 
