@@ -122,6 +122,7 @@ def add_trace_arguments(parser) -> None:
     parser.add_argument("--api", choices=("invoke", "openai"), default="invoke",
                         help="the path the clients call: invoke (PrefixLength counts body bytes, JSON included) or "
                         "openai (it counts characters of the messages' text; --bytes-per-token then means characters)")
+    parser.add_argument("--zipf", type=float, metavar="S", help="--workload long-context: prefix popularity ∝ 1/rank^S (default 0: uniform)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (routing, generated workloads; default 0)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
@@ -143,6 +144,9 @@ def add_fleet_arguments(parser, *, grid: bool) -> None:
     parser.add_argument("--cache-policy", choices=CACHE_POLICIES, help="the engines' cache: vllm-blocks (an LRU of blocks; default) or llamacpp-slots (llama-server: one sequence per slot, the preset's max_num_seqs slots sharing --cache-tokens, and --cache-ram)")
     parser.add_argument("--slot-prompt-similarity", type=_similarity, metavar="F", help=f"llamacpp-slots: llama-server's --slot-prompt-similarity (default {SLOT_PROMPT_SIMILARITY:.2f}; 0 = off)")
     parser.add_argument("--cache-ram", type=_cache_ram, metavar="MIB", help=f"llamacpp-slots: llama-server's --cache-ram, MiB of saved slot states per copy (default {CACHE_RAM_MIB:.0f}; 0 = off, -1 = no limit)")
+    parser.add_argument("--replication", choices=("off", "on"), default="off", help="PREFIX_AWARE: the front door gives hot prefixes k replicas (<id>-r<j>; default off)")
+    parser.add_argument("--replication-target-share", type=_positive_float("--replication-target-share"), metavar="F", help="replicate a prefix above F fair shares (1/copies) of recent requests (default 2)")
+    parser.add_argument("--replication-max-replicas", type=_ranged_int("--replication-max-replicas", 1, 64), metavar="K", help="at most K replicas per prefix (default 4)")
     parser.add_argument("--preset", metavar="NAME", help="instance × model preset (default p5.48xlarge-llama3.1-70b); 'list' lists them")
     parser.add_argument("--preset-file", metavar="FILE", help="a preset file measured on a real engine (`calibrate --out FILE`) instead of --preset")
     parser.add_argument("--speed", type=_positive_float("--speed"), default=1.0, metavar="F", help="replay F times faster than the trace (default 1)")
@@ -178,8 +182,10 @@ def load_from_args(args) -> tuple[Trace, "LongContextSpec | None"]:
         if args.trace:
             raise UserError("give either TRACE or --workload, not both")
         spec_cls, generate = WORKLOADS[args.workload]
-        spec = spec_cls()
+        spec = spec_cls() if args.zipf is None else spec_cls(zipf=args.zipf)
         trace = generate(spec, seed=args.seed)
+    elif args.zipf is not None:
+        raise UserError("--zipf shapes a generated workload: give it with --workload long-context")
     elif not args.trace:
         raise UserError("no trace: give a TRACE file (or cloudwatch:LOG_GROUP), or --workload long-context")
     elif args.trace.startswith("cloudwatch:"):
@@ -239,6 +245,24 @@ def _preset_from_args(args):
     return load_preset_file(path)
 
 
+def replication_from_args(args) -> "ReplicationSettings | None":
+    """--replication on with its settings; the settings flags without it are an error."""
+    from prefix_routing.rules.replication import ReplicationSettings
+
+    options = {"target_share_factor": getattr(args, "replication_target_share", None),
+               "max_replicas": getattr(args, "replication_max_replicas", None)}
+    options = {k: v for k, v in options.items() if v is not None}
+    if getattr(args, "replication", "off") != "on":
+        if options:
+            raise UserError(f"--replication-{'target-share' if 'target_share_factor' in options else 'max-replicas'}"
+                            " needs --replication on")
+        return None
+    try:
+        return ReplicationSettings(enabled=True, **options)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+
+
 def fleet_config_from_args(args, trace: Trace | None, spec: "LongContextSpec | None", **fixed) -> FleetConfig:
     """A FleetConfig from the flags; unset flags fall back to the workload's or the lab's defaults.
 
@@ -260,6 +284,7 @@ def fleet_config_from_args(args, trace: Trace | None, spec: "LongContextSpec | N
         "block_bytes": trace.block_bytes if trace else base.block_bytes,
         "seed": args.seed,
     }
+    values["replication"] = replication_from_args(args)
     for name in ("cache_policy", "slot_prompt_similarity", "cache_ram_mib"):
         flag = getattr(args, name if name != "cache_ram_mib" else "cache_ram", None)
         values[name] = flag if flag is not None else getattr(base, name)

@@ -123,7 +123,9 @@ from prefix_routing.lab.latency import LatencyModel
 from prefix_routing.lab.routing import _KV_AWARE, ROUTING_OVERHEAD_S, Router, Strategy, routing_key
 from prefix_routing.lab.slot_cache import VLLM_BLOCKS, SlotCache
 from prefix_routing.rules.errors import UserError
+from prefix_routing.rules.replication import HotPrefixes
 
+_REPLICA = "replica"  # a replica's routing key: (_REPLICA, j, key), as <id>-r<j> is another id
 _consume = deque(maxlen=0).extend  # runs an iterator to its end in C
 _NONES = _repeat(None)  # endless; map() stops at the shorter iterable
 
@@ -192,6 +194,8 @@ class Fleet:
         self._spills_in = [0] * n
         self._timeouts = [0] * n
         self.spills = 0
+        self.replicated = 0  # requests the front door sent to a replica j > 0 of a hot prefix
+        self._hot = HotPrefixes(config.replication) if config.replicating else None
         self.timeouts = 0
         self._timeout = math.inf if config.timeout_s is None else config.timeout_s
         routing = config.routing_overhead_s
@@ -322,6 +326,12 @@ class Fleet:
         elif strategy is _KV_AWARE:
             g = self._kv_choose(blocks, prompt, now)
         else:
+            hot = self._hot
+            if hot is not None:  # the front door's PrefixAwareId <id>-r<j>: another key for the router
+                j = hot.assign(key, now, n)[0]
+                if j:
+                    key = (_REPLICA, j, key)
+                    self.replicated += 1
             g, spilled = self._choose(key, out)
             if spilled:
                 self.spills += 1

@@ -14,6 +14,7 @@ from prefix_routing.lab.routing import (
 )
 from prefix_routing.lab.slot_cache import CACHE_POLICIES, CACHE_RAM_MIB, SLOT_PROMPT_SIMILARITY, VLLM_BLOCKS
 from prefix_routing.rules.errors import UserError
+from prefix_routing.rules.replication import ReplicationSettings
 from prefix_routing.stage.presets import DEFAULT_PRESET, Preset, get_preset
 
 REQUEST_OVERHEAD_S = 0.015  # fleet-presets.md: "~15 ms request overhead"
@@ -46,6 +47,8 @@ class FleetConfig:
     cache_policy: str = VLLM_BLOCKS
     slot_prompt_similarity: float = SLOT_PROMPT_SIMILARITY
     cache_ram_mib: float = CACHE_RAM_MIB  # per copy; 0: off, -1: no byte limit (llama.cpp's values)
+    # Hot-prefix replication by the front door (rules/replication.py); None or enabled=False: off.
+    replication: ReplicationSettings | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.preset, str):
@@ -72,6 +75,8 @@ class FleetConfig:
             raise UserError(f"block_tokens={self.block_tokens}: must be > 0")
         if self.key_offset_bytes < 0:
             raise UserError(f"key_offset_bytes={self.key_offset_bytes}: must be >= 0")
+        if self.replication is not None and not isinstance(self.replication, ReplicationSettings):
+            raise UserError(f"replication={self.replication!r}: must be ReplicationSettings or None")
         if self.cache_policy not in CACHE_POLICIES:
             raise UserError(f"cache_policy={self.cache_policy!r}: allowed: {', '.join(CACHE_POLICIES)}")
         if not _number(self.slot_prompt_similarity) or not 0 <= self.slot_prompt_similarity <= 1:
@@ -79,6 +84,11 @@ class FleetConfig:
         ram = self.cache_ram_mib
         if not _number(ram) or not (ram == -1 or 0 <= ram < float("inf")):
             raise UserError(f"cache_ram_mib={ram!r}: must be a number of MiB >= 0 (0: off) or -1 (no limit)")
+
+    @property
+    def replicating(self) -> bool:
+        """The front door replicates hot prefixes (PREFIX_AWARE only: other strategies ignore ids)."""
+        return bool(self.replication and self.replication.enabled and self.strategy is Strategy.PREFIX_AWARE)
 
     @property
     def total_copies(self) -> int:

@@ -42,6 +42,7 @@ class SimResult:
     hit_over_time: list[tuple[float, float]]  # (bin start s, hit rate)
     wall_s: float = 0.0
     extra: dict = field(default_factory=dict)
+    replicated_requests: int = 0  # sent to a replica j > 0 of a hot prefix (replication on)
 
     def as_dict(self) -> dict:
         total_req = sum(self.instance_requests) or 1
@@ -69,6 +70,10 @@ class SimResult:
             "cache_policy": cfg.cache_policy,
             **({"slots": cfg.preset.max_num_seqs, "slot_prompt_similarity": cfg.slot_prompt_similarity,
                 "cache_ram_mib": cfg.cache_ram_mib} if cfg.cache_policy == LLAMACPP_SLOTS else {}),
+            **({"replication": {"target_share_factor": cfg.replication.target_share_factor,
+                                "max_replicas": cfg.replication.max_replicas,
+                                "half_life_s": cfg.replication.half_life_s},
+                "replicated_requests": self.replicated_requests} if cfg.replicating else {}),
             "wall_s": self.wall_s,
         }
 
@@ -275,6 +280,7 @@ def _result(sim: Simulator) -> SimResult:
         timeouts=fleet.timeouts,
         hit_over_time=over_time,
         wall_s=sim.wall_s,
+        replicated_requests=fleet.replicated,
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import random
 from dataclasses import dataclass
@@ -36,6 +38,7 @@ class LongContextSpec:
     preset: str = "p5.48xlarge-llama3.1-70b"
     prefix_length: int = 4096
     concurrency_threshold: int = 10
+    zipf: float = 0.0  # prefix popularity ∝ 1/rank^zipf (0: uniform, the blog's setting)
 
     def fleet_config(self, **overrides) -> FleetConfig:
         values = dict(
@@ -50,8 +53,13 @@ class LongContextSpec:
 
 
 def long_context_workload(spec: LongContextSpec = LongContextSpec(), *, seed: int = 0) -> Trace:
-    """Generate the long-context workload: Poisson arrivals, uniform prefix choice, unique suffixes."""
+    """Generate the long-context workload: Poisson arrivals, uniform (or Zipf) prefix choice, unique suffixes."""
     rng = random.Random(seed)
+    if not (isinstance(spec.zipf, (int, float)) and 0 <= spec.zipf <= 10):
+        raise UserError(f"zipf={spec.zipf!r}: must be a number from 0 (uniform) to 10")
+    # Zipf: prefix p (rank p + 1) is drawn with weight 1/(p + 1)^s, by bisecting the cumulative weights.
+    cumulative = list(itertools.accumulate(1.0 / (p + 1) ** spec.zipf for p in range(spec.prefixes))) \
+        if spec.zipf else None
     bt = spec.block_tokens
     prefix_blocks = math.ceil(spec.prefix_tokens / bt)
     if spec.prefix_tokens % bt:
@@ -64,7 +72,10 @@ def long_context_workload(spec: LongContextSpec = LongContextSpec(), *, seed: in
         t += rng.expovariate(spec.rate_rps)
         if t > spec.duration_s:
             break
-        p = rng.randrange(spec.prefixes)
+        if cumulative is None:
+            p = rng.randrange(spec.prefixes)
+        else:
+            p = min(bisect.bisect_right(cumulative, rng.random() * cumulative[-1]), spec.prefixes - 1)
         suffix = rng.randint(*spec.suffix_tokens)
         suffix_blocks = math.ceil(suffix / bt)
         ids = list(range(p * prefix_blocks, (p + 1) * prefix_blocks))

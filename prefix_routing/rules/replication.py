@@ -69,7 +69,7 @@ def replica_count(share: float, copies: int, settings: ReplicationSettings) -> i
     if copies <= 1 or share <= 0:
         return 1
     wanted = math.ceil(share * copies / settings.target_share_factor - 1e-12)
-    return max(1, min(settings.max_replicas, copies, wanted))
+    return max(1, min(settings.max_replicas, wanted))
 
 
 def replica_id(routing_id: str | None, replica: int) -> str | None:

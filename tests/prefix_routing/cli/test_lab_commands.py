@@ -247,3 +247,28 @@ def test_simulate_users_is_a_closed_loop_and_refuses_a_speed(capsys):
     assert out["fleet"]["users"] == 3 and out["results"][0]["requests"] == 50
     assert main(["simulate", str(MOONCAKE_SLICE), "--users", "3", "--speed", "2", "--no-plots"]) == 2
     assert "--speed 2 replays the trace's timing; --users 3 replaces it" in capsys.readouterr().err
+
+
+def test_simulate_zipf_with_replication_spreads_the_hot_prefixes(capsys):
+    common = ["simulate", "--workload", "long-context", "--zipf", "1.1", "--strategy", "PREFIX_AWARE", "--json",
+              "--no-plots", "--limit", "4000"]
+    code, out, _ = run(capsys, *common)
+    assert code == 0
+    off = json.loads(out)["results"][0]
+    code, out, _ = run(capsys, *common, "--replication", "on", "--replication-target-share", "0.25",
+                       "--replication-max-replicas", "16")
+    assert code == 0
+    on = json.loads(out)["results"][0]
+    assert "replicated_requests" not in off and on["replicated_requests"] > 500
+    assert on["replication"] == {"target_share_factor": 0.25, "max_replicas": 16, "half_life_s": 60.0}
+    assert on["max_mean_requests"] < off["max_mean_requests"] - 0.3
+    assert on["hit_rate"] >= 0.95 * off["hit_rate"]
+
+
+def test_replication_and_zipf_flags_say_what_they_need(capsys):
+    code, _, err = run(capsys, "simulate", "--workload", "long-context", "--replication-target-share", "0.5")
+    assert code == 2 and "--replication-target-share needs --replication on" in err
+    code, _, err = run(capsys, "simulate", "--zipf", "1.1", "trace.jsonl")
+    assert code == 2 and "--zipf shapes a generated workload" in err
+    code, _, err = run(capsys, "simulate", "--workload", "long-context", "--zipf", "11")
+    assert code == 2 and "zipf=11.0: must be a number from 0 (uniform) to 10" in err

@@ -371,3 +371,45 @@ def test_release_frees_the_copy_it_names():
     loads.set(2, 1)
     loads.fleet.release(p)
     assert loads.fleet.outstanding() == [0, 0, 1, 0]
+
+
+# --------------------------------------------------------------------------- hot-prefix replication
+
+from prefix_routing.rules.replication import ReplicationSettings  # noqa: E402
+
+HOT = ReplicationSettings(enabled=True, target_share_factor=1.0, max_replicas=4)
+
+
+def _homes(fleet, requests, gap_s=0.5):
+    served = []
+    for i, request in enumerate(requests):
+        fleet.advance(i * gap_s)
+        served.append(fleet.submit(request, i * gap_s).instance)
+    return served
+
+
+def test_replication_spreads_a_hot_prefix_over_its_replicas_and_keeps_a_cold_one_home():
+    # One shared prefix of 4 blocks (the routing key covers the first 2), then a unique block.
+    hot = [Request(prompt_tokens=2500, output_tokens=10, blocks=[7, 8, 9, 10, 10_000 + i]) for i in range(200)]
+    plain = _homes(Fleet(cfg(instances=8)), hot)
+    replicated_fleet = Fleet(cfg(instances=8, replication=HOT))
+    replicated = _homes(replicated_fleet, hot)
+    assert len(set(plain)) == 1  # one prefix, one home
+    # Alone, the prefix has all the traffic: k = min(4, ceil(8 × 1 / 1)) = 4 replicas in turn, each
+    # hashed to a copy of its own (ties possible), replica 0 still at the old home.
+    assert 2 <= len(set(replicated[-40:])) <= 4 and plain[0] in replicated[-40:]
+    # The first 31 requests build the evidence (shares count against at least 32 requests); then
+    # replicas 1-3 take three requests in four.
+    assert 100 <= replicated_fleet.replicated <= 150
+    # A second, cold prefix among many others keeps its single home.
+    cold = Fleet(cfg(instances=8, replication=HOT))
+    mixed = [Request(prompt_tokens=2500, output_tokens=10, blocks=[100 + i % 50, 200 + i % 50, 10_000 + i])
+             for i in range(500)]
+    _homes(cold, mixed)
+    assert cold.replicated == 0
+
+
+def test_replication_is_off_for_strategies_that_ignore_ids():
+    fleet = Fleet(cfg(instances=8, strategy=Strategy.RANDOM, replication=HOT))
+    _homes(fleet, [Request(prompt_tokens=100, output_tokens=1, blocks=chain(7, 2, i)) for i in range(100)])
+    assert fleet.replicated == 0 and not fleet.config.replicating

@@ -8,6 +8,7 @@ import pytest
 
 from prefix_routing import lab
 from prefix_routing.lab.routing import Strategy
+from prefix_routing.rules.errors import UserError
 
 
 @pytest.fixture(scope="module")
@@ -48,3 +49,29 @@ def test_long_context_with_700_prefixes_keeps_the_direction():
     assert 0.10 <= random_.hit_rate <= 0.20
     assert prefix.hit_rate >= 0.65
     assert prefix.ttft_p50_s <= 0.40 * random_.ttft_p50_s
+
+
+def test_zipf_popularity_gives_the_top_prefix_its_share_by_the_formula():
+    from collections import Counter
+
+    from prefix_routing.lab.workloads import LongContextSpec, long_context_workload
+
+    spec = LongContextSpec(prefixes=450, zipf=1.1, duration_s=3600)
+    trace = long_context_workload(spec, seed=4)
+    prefix_blocks = spec.prefix_tokens // spec.block_tokens
+    counts = Counter(blocks[0] // prefix_blocks for blocks in trace.blocks)
+    harmonic = sum(1 / r**1.1 for r in range(1, 451))  # popularity of rank r is (1/r^1.1) / H
+    n = len(trace)
+    assert counts[0] / n == pytest.approx(1 / harmonic, abs=0.015)  # ~0.19; sampling sd ~0.004
+    assert counts[1] / n == pytest.approx(2**-1.1 / harmonic, abs=0.012)
+    assert counts.most_common(1)[0][0] == 0
+
+
+def test_zipf_zero_is_the_uniform_workload_unchanged():
+    from prefix_routing.lab.workloads import LongContextSpec, long_context_workload
+
+    a = long_context_workload(LongContextSpec(duration_s=600), seed=2)
+    b = long_context_workload(LongContextSpec(duration_s=600, zipf=0.0), seed=2)
+    assert a.blocks == b.blocks and a.arrivals == b.arrivals
+    with pytest.raises(UserError, match=r"zipf=-1: must be a number from 0 \(uniform\) to 10"):
+        long_context_workload(LongContextSpec(zipf=-1), seed=0)

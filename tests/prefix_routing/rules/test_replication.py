@@ -25,7 +25,8 @@ def test_replica_count_follows_the_formula_by_hand():
     assert replica_count(0.26, 8, SETTINGS) == 2  # ceil(1.04)
     assert replica_count(0.60, 8, SETTINGS) == 3  # ceil(2.4)
     assert replica_count(0.99, 8, SETTINGS) == 4  # ceil(3.96), and max_replicas caps it there
-    assert replica_count(1.0, 8, ReplicationSettings(max_replicas=64, target_share_factor=0.5)) == 8  # at most copies
+    # More replicas than copies still spread a prefix: each is hashed to a copy on its own.
+    assert replica_count(1.0, 8, ReplicationSettings(max_replicas=64, target_share_factor=0.5)) == 16
     assert replica_count(0.9, 1, SETTINGS) == 1 and replica_count(0.0, 8, SETTINGS) == 1
 
 
