@@ -38,6 +38,7 @@ def run(args) -> int:
         max_imbalance=args.max_imbalance,
         speed=args.speed,
         progress=args.progress,
+        replications=replication_sweep(args),
     )
     out = lab_args.plot_dir(args, "tune")
     result["plots"] = [str(p) for p in lab.plot_tune(result, out)] if out else []
@@ -50,19 +51,36 @@ def run(args) -> int:
     return 0
 
 
+SWEPT_SHARE_FACTORS = (0.25, 0.5, 1.0, 2.0)
+
+
+def replication_sweep(args) -> list:
+    """--replication on: off and a few target share factors (or the one given); else off only."""
+    from prefix_routing.rules.replication import ReplicationSettings
+
+    lab_args.replication_from_args(args)  # the flags' own checks
+    if args.replication != "on":
+        return [None]
+    factors = [args.replication_target_share] if args.replication_target_share else SWEPT_SHARE_FACTORS
+    replicas = args.replication_max_replicas or 16
+    return [None] + [ReplicationSettings(enabled=True, target_share_factor=f, max_replicas=replicas) for f in factors]
+
+
 def render(result: dict, config) -> str:
     lines = [
         f"trace: {result['source']}: {result['requests']:,} requests",
         f"fleet: {lab_args.describe_fleet(config)}",
         "",
-        f"{'strategy':<28}{'PrefixLength':>13}{'threshold':>10}{'hit rate':>10}{'P50 ms':>9}{'P90 ms':>9}{'max/mean':>9}{'spills':>8}",
+        f"{'strategy':<28}{'PrefixLength':>13}{'threshold':>10}{'replicas':>9}{'hit rate':>10}{'P50 ms':>9}{'P90 ms':>9}"
+        f"{'max/mean':>9}{'spills':>8}",
     ]
 
     def row(p):
         pl = f"{p['prefix_length']:,}" if p["prefix_length"] else "-"
         th = str(p["concurrency_threshold"]) if p["concurrency_threshold"] else "-"
+        rep = f"×{p['replication']:g}" if p.get("replication") else "off"  # the target share factor
         return (
-            f"{p['strategy']:<28}{pl:>13}{th:>10}{p['hit_rate']:>10.1%}{p['ttft_p50_s'] * 1000:>9,.0f}"
+            f"{p['strategy']:<28}{pl:>13}{th:>10}{rep:>9}{p['hit_rate']:>10.1%}{p['ttft_p50_s'] * 1000:>9,.0f}"
             f"{p['ttft_p90_s'] * 1000:>9,.0f}{p['max_mean_requests']:>9.2f}{p['spills']:>8,}"
         )
 
@@ -75,7 +93,8 @@ def render(result: dict, config) -> str:
     lines += [
         "",
         f"recommended: PrefixLength {rec['prefix_length']} (≈ {rec['key_blocks']} blocks), ConcurrencyThreshold "
-        f"{rec['concurrency_threshold']}: hit rate {rec['hit_rate']:.1%} (best found {result['best_hit_rate']:.1%}), "
+        f"{rec['concurrency_threshold']}, replication "
+        f"{'off' if rec['replication'] is None else 'above ' + format(rec['replication'], 'g') + ' fair shares'}: hit rate {rec['hit_rate']:.1%} (best found {result['best_hit_rate']:.1%}), "
         f"P50 TTFT {rec['ttft_p50_s'] * 1000:,.0f} ms, max/mean {rec['max_mean_requests']:.2f} (bound {result['max_imbalance']})",
     ]
     if result["note"]:

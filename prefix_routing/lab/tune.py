@@ -11,6 +11,7 @@ from prefix_routing.lab.routing import CONCURRENCY_THRESHOLD_RANGE, PREFIX_LENGT
 from prefix_routing.lab.simulate import SimResult, config_for_trace, simulate, trace_keys
 from prefix_routing.lab.traces import Trace
 from prefix_routing.rules.errors import UserError
+from prefix_routing.rules.replication import ReplicationSettings
 
 
 def tune(
@@ -24,8 +25,10 @@ def tune(
     hit_tolerance: float = 0.05,
     speed: float = 1.0,
     progress: bool | None = None,
+    replications: Sequence[ReplicationSettings | None] = (None,),
 ) -> dict:
-    """Sweep PREFIX_AWARE over PrefixLength × ConcurrencyThreshold, plus baseline strategies.
+    """Sweep PREFIX_AWARE over PrefixLength × ConcurrencyThreshold (× hot-prefix replication: None
+    for off, or settings to try), plus baseline strategies.
 
     Recommendation: among the PREFIX_AWARE points whose max/mean requests per instance is at most
     ``max_imbalance`` and whose hit rate is within ``hit_tolerance`` (relative) of the best hit rate
@@ -49,7 +52,8 @@ def tune(
     for pl in prefix_lengths:
         k = replace(config, prefix_length=pl).key_blocks
         by_blocks.setdefault(k, pl)
-    runs = len(by_blocks) * len(thresholds) + len(baselines)
+    replications = list(dict.fromkeys(replications)) or [None]
+    runs = len(by_blocks) * len(thresholds) * len(replications) + len(baselines)
     bar = _progress(len(trace) * runs, "tune", progress)
     points = []
     try:
@@ -57,16 +61,19 @@ def tune(
         for s in baselines:
             r = simulate(trace, replace(config, strategy=s), speed=speed, bar=bar)
             baseline_rows.append(_point(r, None))
-        cache: dict[tuple[int, int], SimResult] = {}
+        cache: dict[tuple, SimResult] = {}
         for k, pl in by_blocks.items():
             keys = trace_keys(trace, k)
             for t in thresholds:
-                cfg = replace(config, strategy=Strategy.PREFIX_AWARE, prefix_length=pl, concurrency_threshold=t)
-                cache[(k, t)] = simulate(trace, cfg, speed=speed, keys=keys, bar=bar)
+                for rep in replications:
+                    cfg = replace(config, strategy=Strategy.PREFIX_AWARE, prefix_length=pl, concurrency_threshold=t,
+                                  replication=rep)
+                    cache[(k, t, rep)] = simulate(trace, cfg, speed=speed, keys=keys, bar=bar)
         for pl in prefix_lengths:
             k = replace(config, prefix_length=pl).key_blocks
             for t in thresholds:
-                points.append(_point(cache[(k, t)], pl))
+                for rep in replications:
+                    points.append(_point(cache[(k, t, rep)], pl))
     finally:
         if bar is not None:
             bar.close()
@@ -91,6 +98,8 @@ def tune(
             round(p["max_mean_requests"], 3),
             p["prefix_length"],
             p["concurrency_threshold"],
+            p["replication"] is not None,  # replication only when it pays
+            -(p["replication"] or 0),  # then the fewest replicas (the highest share factor)
         ),
     )
     frontier = _frontier(points)
@@ -108,7 +117,8 @@ def tune(
         "frontier": frontier,
         "recommendation": best,
         "note": note,
-        "snippet": config_snippet(best["prefix_length"], best["concurrency_threshold"]),
+        "snippet": config_snippet(best["prefix_length"], best["concurrency_threshold"],
+                                  next((r for r in replications if r and r.target_share_factor == best["replication"]), None)),
         "prefix_lengths": prefix_lengths,
         "thresholds": thresholds,
     }
@@ -127,6 +137,9 @@ def _point(r: SimResult, prefix_length: int | None) -> dict:
         "max_mean_requests": r.max_mean_requests,
         "spills": r.spills,
         "timeouts": r.timeouts,
+        # None: off; else the target share factor (fair shares above which a prefix is replicated)
+        "replication": r.config.replication.target_share_factor if r.config.replicating else None,
+        "replicated_requests": r.replicated_requests,
     }
 
 
@@ -152,11 +165,21 @@ def _frontier(points: list[dict]) -> list[dict]:
     return unique
 
 
-def config_snippet(prefix_length: int, threshold: int) -> str:
-    """The ``[routing]`` table of a stage file under ``config/`` (see prefix_routing/stage/config.py)."""
-    return (
+def config_snippet(prefix_length: int, threshold: int, replication: ReplicationSettings | None = None) -> str:
+    """The ``[routing]`` table of a stage file under ``config/`` (see prefix_routing/stage/config.py),
+    and ``[normalizer.replication]`` when the recommendation replicates hot prefixes."""
+    snippet = (
         "[routing]\n"
         'strategy = "PREFIX_AWARE"\n'
         f"prefix_length = {prefix_length}\n"
         f"concurrency_threshold = {threshold}\n"
     )
+    if replication is not None:
+        snippet += (
+            "\n[normalizer.replication]\n"
+            "enabled = true\n"
+            f"target_share_factor = {replication.target_share_factor:g}\n"
+            f"max_replicas = {replication.max_replicas}\n"
+            f"half_life_s = {replication.half_life_s:g}\n"
+        )
+    return snippet

@@ -41,3 +41,23 @@ def test_tune_rejects_out_of_range_settings(mooncake_slice):
         lab.tune(mooncake_slice.head(10), FleetConfig(), prefix_lengths=[512], thresholds=[1])
     with pytest.raises(UserError, match="concurrency threshold 0"):
         lab.tune(mooncake_slice.head(10), FleetConfig(), prefix_lengths=[4096], thresholds=[0])
+
+
+def test_tune_sweeps_replication_and_recommends_it_when_only_it_meets_the_imbalance_bound():
+    from prefix_routing.lab.tune import tune
+    from prefix_routing.lab.workloads import LongContextSpec, long_context_workload
+    from prefix_routing.rules.replication import ReplicationSettings
+
+    spec = LongContextSpec(zipf=1.1, duration_s=1200)
+    trace = long_context_workload(spec, seed=1)
+    quarter = ReplicationSettings(enabled=True, target_share_factor=0.25, max_replicas=16)
+    result = tune(trace, spec.fleet_config(seed=1), prefix_lengths=[4096], thresholds=[10], baselines=(),
+                  replications=[None, quarter], max_imbalance=1.6)
+    off, on = sorted(result["points"], key=lambda p: p["replication"] is not None)
+    assert off["replication"] is None and on["replication"] == 0.25
+    assert off["max_mean_requests"] > 1.6 >= on["max_mean_requests"]  # Zipf piles the top prefixes up
+    assert result["recommendation"]["replication"] == 0.25
+    assert "[normalizer.replication]\nenabled = true\ntarget_share_factor = 0.25\nmax_replicas = 16" in result["snippet"]
+    # Without a sweep the snippet is the routing table alone, as before.
+    plain = tune(trace, spec.fleet_config(seed=1), prefix_lengths=[4096], thresholds=[10], baselines=())
+    assert "replication" not in plain["snippet"] and plain["recommendation"]["replication"] is None
