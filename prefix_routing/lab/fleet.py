@@ -120,6 +120,7 @@ from prefix_routing.lab.engine_model import EngineModel
 from prefix_routing.lab.fleet_config import FleetConfig
 from prefix_routing.lab.fleet_stats import CopyStats, instance_totals
 from prefix_routing.lab.latency import LatencyModel
+from prefix_routing.lab.misses import MissLedger
 from prefix_routing.lab.routing import _KV_AWARE, ROUTING_OVERHEAD_S, Router, Strategy, routing_key
 from prefix_routing.lab.slot_cache import VLLM_BLOCKS, SlotCache
 from prefix_routing.rules.errors import UserError
@@ -195,6 +196,9 @@ class Fleet:
         self._timeouts = [0] * n
         self.spills = 0
         self.replicated = 0  # requests the front door sent to a replica j > 0 of a hot prefix
+        # Uncached tokens by cause (lab/misses.py); it remembers blocks for ~8 fleets' worth of cache.
+        blocks_cached = math.inf if self._infinite else n * capacity / config.block_tokens
+        self.misses = MissLedger(int(min(2_000_000, max(200_000, 4 * blocks_cached))))
         self._hot = HotPrefixes(config.replication) if config.replicating else None
         self.timeouts = 0
         self._timeout = math.inf if config.timeout_s is None else config.timeout_s
@@ -360,12 +364,21 @@ class Fleet:
         heappush(self._done, (finish, g))
         self._prompt[g] += prompt
         self._cached[g] += cached
+        # Why not cached: judged against the caches as the request found them (lab/misses.py).
+        self.misses.book(blocks, g, m if slots is None else int(cached // self._bt), prompt, cached, self._bt,
+                         self._held_by)
 
         if slots is None:
             _touch(cache, blocks, m, self._infinite, self._cap_blocks)
         else:
             slots.occupy(g, finish - self._ttft_overhead)  # the engine releases the slot at its finish
         return g, cached, first, tpot, finish, spilled, start
+
+    def _held_by(self, h: int, blocks) -> int:
+        """How many of ``blocks`` copy ``h`` holds (its cache, or its slots' sequences)."""
+        if self._slots is None:
+            return sum(map(self._caches[h].__contains__, blocks))
+        return self._slots.held_prefix_blocks(h, blocks)
 
     def _kv_choose(self, blocks, prompt, now):
         """KV_AWARE: the lowest estimated wait + uncached prefill + load penalty (scan from a seeded copy)."""

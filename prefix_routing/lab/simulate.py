@@ -43,6 +43,7 @@ class SimResult:
     wall_s: float = 0.0
     extra: dict = field(default_factory=dict)
     replicated_requests: int = 0  # sent to a replica j > 0 of a hot prefix (replication on)
+    misses: dict = field(default_factory=dict)  # uncached tokens by cause (lab/misses.py)
 
     def as_dict(self) -> dict:
         total_req = sum(self.instance_requests) or 1
@@ -61,6 +62,7 @@ class SimResult:
             "max_mean_tokens": self.max_mean_tokens,
             "spills": self.spills,
             "timeouts": self.timeouts,
+            "misses": self.misses,
             "instance_request_share": [r / total_req for r in self.instance_requests],
             "instance_token_share": [t / total_tok for t in self.instance_prompt_tokens],
             "instance_hit_rate": self.instance_hit_rates,
@@ -281,6 +283,7 @@ def _result(sim: Simulator) -> SimResult:
         hit_over_time=over_time,
         wall_s=sim.wall_s,
         replicated_requests=fleet.replicated,
+        misses=fleet.misses.as_dict(),
     )
 
 

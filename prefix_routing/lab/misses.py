@@ -1,0 +1,84 @@
+"""Why a prompt's tokens were not cached: first touch, re-keyed by the client, routed away, evicted.
+
+Every uncached token of a served request falls in exactly one class, judged when the request is
+routed (block ids are chained, and a copy caches a prompt's blocks from its first one on, so
+"cached on copy h" is the number of leading blocks h holds):
+
+- **first touch**: blocks no request of the workload had before: no routing could have cached them;
+- **re-keyed**: requests whose raw body keyed routing differently from the normalized body (the
+  client's bytes scattered them; the front door counts them as ``RekeyedRequests``); the lab knows
+  it only for traces that say so (a ``rekeyed`` flag per request), else 0;
+- **routed away**: blocks another copy held when this one did not (a spill, a replica, another
+  strategy's choice): more leading blocks cached elsewhere than on the chosen copy;
+- **evicted**: blocks seen before but held by no copy: the caches were too small (or the prompt's
+  blocks were pushed out between its turns).
+
+Token counts: the uncached tokens ``prompt − cached`` are split in that order (first touch, then
+routed away, then evicted), a block counting ``block_tokens`` (the new blocks: the prompt's tokens
+past the blocks seen before). With the llama.cpp slot policy the copies' holdings are the slots' sequences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from itertools import repeat
+from typing import Hashable
+
+
+class MissLedger:
+    """The four classes' token totals over a simulation.
+
+    ``where`` maps every block seen to the copy that last used it: "seen before" is membership,
+    and "held elsewhere" asks only that copy (the likeliest holder: caches evict the least recently
+    used first), so judging a miss costs one more cache probe, not one per copy. Memory is bounded
+    by two generations of ``limit`` blocks: a block unseen for that long (many times what the whole
+    fleet caches) is forgotten, and if it comes back it counts as a first touch, not as evicted.
+    """
+
+    __slots__ = ("where", "older", "limit", "first_touch", "rekeyed", "routed_away", "evicted")
+
+    def __init__(self, limit: int = 2_000_000) -> None:
+        self.where: dict = {}  # this generation
+        self.older: dict = {}  # the one before
+        self.limit = limit
+        self.first_touch = 0.0
+        self.rekeyed = 0.0
+        self.routed_away = 0.0
+        self.evicted = 0.0
+
+    def _known(self, rest: Sequence[Hashable]) -> int:
+        where, older = self.where, self.older
+        known = sum(map(where.__contains__, rest))
+        if older and known < len(rest):
+            known += sum(1 for b in rest if b not in where and b in older)
+        return known
+
+    def book(self, blocks: Sequence[Hashable], g: int, m: int, prompt_tokens: float, cached_tokens: float,
+             block_tokens: float, held_by: Callable[[int, Sequence[Hashable]], int], rekeyed: bool = False) -> None:
+        """One served request on copy ``g``, which held its ``m`` leading blocks; ``held_by(h, rest)``
+        is how many of ``rest`` copy ``h`` holds (asked only when a seen block was not cached)."""
+        where = self.where
+        uncached_tokens = prompt_tokens - cached_tokens
+        if uncached_tokens > 0:
+            rest = blocks[m:] if m else blocks
+            if rekeyed:  # the client's bytes sent it elsewhere: the whole miss is the client's
+                self.rekeyed += uncached_tokens
+            else:
+                new = len(rest) - self._known(rest)
+                # New blocks are a chain's tail: their tokens are the prompt past the blocks seen
+                # before (so a partial last block counts what it holds, not a whole block).
+                first = min(uncached_tokens, max(0.0, prompt_tokens - (len(blocks) - new) * block_tokens)) if new else 0.0
+                self.first_touch += first
+                remaining = uncached_tokens - first
+                if remaining > 0:
+                    h = (where.get(rest[0]) if rest[0] in where else self.older.get(rest[0])) if rest else None
+                    away = min(remaining, held_by(h, rest) * block_tokens) if h is not None and h != g else 0.0
+                    self.routed_away += away
+                    self.evicted += remaining - away
+        where.update(zip(blocks, repeat(g)))
+        if len(where) > self.limit:
+            self.older, self.where = where, {}
+
+    def as_dict(self) -> dict[str, float]:
+        return {"first_touch": self.first_touch, "rekeyed": self.rekeyed, "routed_away": self.routed_away,
+                "evicted": self.evicted}
