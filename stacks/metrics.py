@@ -56,6 +56,14 @@ class NormalizerMetrics:
         return [self._metric(telemetry.DESIRED_COPIES, "Maximum", "copies desired"),
                 self._metric(telemetry.CURRENT_COPIES, "Maximum", "copies current")]
 
+    def replicated_requests(self) -> cloudwatch.Metric:
+        """Requests sent to a replica j > 0 of a hot prefix (published only with normalizer.replication)."""
+        return self._metric(telemetry.REPLICATED_REQUESTS, "Sum", "requests sent to a replica")
+
+    def hot_prefixes(self) -> cloudwatch.Metric:
+        """Prefixes with more than one replica: a gauge per execution environment, so its Maximum."""
+        return self._metric(telemetry.HOT_PREFIXES, "Maximum", "hot prefixes (most in one environment)")
+
     def normalization_time(self) -> cloudwatch.Metric:
         return self._metric(telemetry.NORMALIZATION_TIME, "p99", "normalization p99 (ms)")
 

@@ -24,6 +24,7 @@ class NormalizerStack(Stack):
                 service="sagemaker", resource="inference-component", resource_name=config.component_name
             ),
             routing=config.routing,
+            endpoint=config.endpoint,
             settings=config.normalizer,
             code=normalizer_code(),
         )

@@ -39,7 +39,11 @@ One request, in order:
 
 3. **The call** (:meth:`Invoker.stream`): ``InvokeEndpointWithResponseStream`` with ``EndpointName``,
    ``InferenceComponentName``, ``PrefixAwareId``, ``ContentType="application/json"`` and the canonical
-   ``Body``. Throttling and transient errors (see :func:`classify_error`) are retried with bounded,
+   ``Body``. With hot-prefix replication (:attr:`InvokeConfig.replication`, the stage's
+   ``normalizer.replication``) the ``PrefixAwareId`` is that of a replica: :class:`Replicas` counts
+   the request under the tenant's ``PrefixAwareId`` and prefix fingerprint, and replica j > 0 of a
+   prefix that takes more than ``target_share_factor`` fair shares (1/copies) of recent requests goes
+   out as ``<id>-r<j>`` (:mod:`prefix_routing.rules.replication`); off, the tenant's id. Throttling and transient errors (see :func:`classify_error`) are retried with bounded,
    jittered exponential backoff, but only until the first ``PayloadPart`` has arrived, that is before
    anything was sent to the caller; the overall deadline is never overrun by a backoff sleep.
    Persistent throttling answers 429 (with ``Retry-After``), an unavailable endpoint 503,
@@ -59,14 +63,16 @@ One request, in order:
 5. **Telemetry** (:class:`Telemetry`): per request one EMF document, serialized by Powertools (namespace
    :data:`telemetry.NAMESPACE`, one dimension ``InferenceComponent``, high resolution) with TTFT (time
    from the call to the first ``PayloadPart``), end-to-end latency, prompt and cached tokens,
-   normalization time and the request/error counters, and one JSON log line with the
-   :class:`telemetry.LogField` fields (tenant, routing id, fingerprint, block hashes, lengths,
-   timings, status; never prompt text, never the key).
+   normalization time and the request/error counters (with replication: ``ReplicatedRequests`` and
+   the ``HotPrefixes`` gauge), and one JSON log line with the :class:`telemetry.LogField` fields
+   (tenant, routing id, fingerprint, block hashes, lengths, timings, status; with replication the
+   :class:`telemetry.ReplicaLogField` fields too; never prompt text, never the key).
 
 The modules, in the order of a request: :mod:`.config` (:class:`InvokeConfig`, the tenant key),
 :mod:`.request` (:class:`FrontRequest`, :class:`RequestError`), :mod:`.tenancy`, :mod:`.prepare`,
-:mod:`.upstream` (the call and its retries), :mod:`.upstream_errors` (:func:`classify_error`),
-:mod:`.stream` (:class:`StreamReader`), :mod:`.record` (the log line and EMF document) and
+:mod:`.replicas` (hot-prefix replication), :mod:`.upstream` (the call and its retries),
+:mod:`.upstream_errors` (:func:`classify_error`), :mod:`.stream` (:class:`StreamReader`),
+:mod:`.record` (the log line and EMF document), :mod:`.copies` (the copy counts) and
 :mod:`.invoker` (:class:`Invoker`, which puts them together). This package imports only
 :mod:`prefix_routing.rules` of ours (and boto3's client is passed in).
 """
@@ -83,6 +89,7 @@ from prefix_routing.frontdoor.copies import CopyCounts
 from prefix_routing.frontdoor.invoker import Buffered, Head, Invoker, Outcome, decode_direct_payload
 from prefix_routing.frontdoor.prepare import Prepared, prepare
 from prefix_routing.frontdoor.record import RequestRecord, Telemetry, emf_document, log_record
+from prefix_routing.frontdoor.replicas import Replicas
 from prefix_routing.frontdoor.request import FrontRequest, RequestError, request_from_event, request_from_http
 from prefix_routing.frontdoor.stream import StreamReader
 from prefix_routing.frontdoor.tenancy import identify_tenant, principal_tenant
@@ -105,6 +112,7 @@ __all__ = [
     "Outcome",
     "Prepared",
     "RequestError",
+    "Replicas",
     "RequestRecord",
     "StreamReader",
     "Telemetry",

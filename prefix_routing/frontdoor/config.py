@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from prefix_routing.rules.replication import ReplicationSettings
 from prefix_routing.rules.settings import NormalizerSettings
 
 #: The tenant of every request when the tenancy mode is ``none``.
@@ -40,7 +41,10 @@ class InvokeConfig:
     ``settings`` (:class:`~prefix_routing.rules.NormalizerSettings`), ``max_attempts`` (total
     attempts of the upstream call, 1 = no retry), ``backoff_base_s``, ``backoff_max_s``,
     ``request_timeout_s`` (wall-clock budget of one request from its arrival; past it: 504),
-    ``stream_usage`` (add ``stream_options.include_usage`` to streaming chat/completion bodies).
+    ``stream_usage`` (add ``stream_options.include_usage`` to streaming chat/completion bodies),
+    ``replication`` (hot-prefix replication, :class:`~prefix_routing.rules.replication.ReplicationSettings`),
+    ``copies_min`` / ``copies_max`` (the stage's copy bounds: the copy count replication assumes
+    before the first ``DescribeInferenceComponent`` reading, and the most it believes).
     """
 
     endpoint_name: str
@@ -54,6 +58,9 @@ class InvokeConfig:
     backoff_max_s: float = 2.0
     request_timeout_s: float = 110.0
     stream_usage: bool = True
+    replication: ReplicationSettings = field(default_factory=ReplicationSettings)
+    copies_min: int = 1
+    copies_max: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.endpoint_name, str) or not self.endpoint_name:
@@ -68,6 +75,12 @@ class InvokeConfig:
             raise ConfigurationError("backoff: need 0 <= base <= max <= 30 seconds")
         if not 0 < self.request_timeout_s <= 900:
             raise ConfigurationError(f"REQUEST_TIMEOUT_S: {self.request_timeout_s} is not in (0, 900]")
+        if not isinstance(self.replication, ReplicationSettings):
+            raise ConfigurationError("replication: not a ReplicationSettings")
+        if not 0 <= self.copies_min <= 1000:
+            raise ConfigurationError(f"COPIES_MIN: {self.copies_min} is not in 0..1000")
+        if self.copies_max is not None and not max(1, self.copies_min) <= self.copies_max <= 1000:
+            raise ConfigurationError(f"COPIES_MAX: {self.copies_max} is not in max(1, COPIES_MIN)..1000")
         object.__setattr__(self, "tenant_header", self.tenant_header.lower())
         object.__setattr__(self, "application_header", (self.application_header or "").lower())
 
@@ -84,19 +97,12 @@ class InvokeConfig:
         ``TENANT_HEADER``, ``APPLICATION_HEADER``, ``PREFIX_LENGTH`` (0 or absent: the normalizer's
         default), ``BLOCK_BYTES``, ``NORMALIZER_SETTINGS`` (a JSON object of
         :class:`~prefix_routing.rules.NormalizerSettings` fields, e.g. freeze rules),
-        ``UPSTREAM_MAX_ATTEMPTS``, ``REQUEST_TIMEOUT_S``, ``STREAM_USAGE`` (true|false).
+        ``UPSTREAM_MAX_ATTEMPTS``, ``REQUEST_TIMEOUT_S``, ``STREAM_USAGE`` (true|false),
+        ``REPLICATION_ENABLED`` (true|false, default false), ``REPLICATION_MAX_REPLICAS``,
+        ``REPLICATION_TARGET_SHARE_FACTOR``, ``REPLICATION_HALF_LIFE_S`` (absent: the defaults of
+        :class:`~prefix_routing.rules.replication.ReplicationSettings`), ``COPIES_MIN``, ``COPIES_MAX``.
         """
         env = os.environ if environ is None else environ
-
-        def number(name: str, default: float, kind=float) -> Any:
-            raw = env.get(name, "").strip()
-            if not raw:
-                return default
-            try:
-                return kind(raw)
-            except ValueError:
-                raise ConfigurationError(f"{name}: {raw!r} is not a number") from None
-
         data: dict[str, Any] = {}
         raw_settings = env.get("NORMALIZER_SETTINGS", "").strip()
         if raw_settings:
@@ -106,19 +112,16 @@ class InvokeConfig:
                 raise ConfigurationError(f"NORMALIZER_SETTINGS: not valid JSON ({error})") from None
             if not isinstance(data, dict):
                 raise ConfigurationError("NORMALIZER_SETTINGS: not a JSON object")
-        prefix_length = number("PREFIX_LENGTH", 0, int)
+        prefix_length = _number(env, "PREFIX_LENGTH", 0, int)
         if prefix_length:
             data["prefix_length"] = prefix_length
-        block_bytes = number("BLOCK_BYTES", 0, int)
+        block_bytes = _number(env, "BLOCK_BYTES", 0, int)
         if block_bytes:
             data["block_bytes"] = block_bytes
         try:
             settings = NormalizerSettings.from_mapping(data, source="environment")
         except ValueError as error:
             raise ConfigurationError(str(error)) from None
-        usage = env.get("STREAM_USAGE", "true").strip().lower()
-        if usage not in ("true", "false", "1", "0", "yes", "no"):
-            raise ConfigurationError(f"STREAM_USAGE: {usage!r} is not true or false")
         return cls(
             endpoint_name=env.get("ENDPOINT_NAME", "").strip(),
             component_name=env.get("INFERENCE_COMPONENT_NAME", "").strip() or None,
@@ -126,10 +129,57 @@ class InvokeConfig:
             tenant_header=env.get("TENANT_HEADER", "x-tenant-id").strip(),
             application_header=env.get("APPLICATION_HEADER", "x-application-id").strip(),
             settings=settings,
-            max_attempts=number("UPSTREAM_MAX_ATTEMPTS", 3, int),
-            request_timeout_s=number("REQUEST_TIMEOUT_S", 110.0),
-            stream_usage=usage in ("true", "1", "yes"),
+            max_attempts=_number(env, "UPSTREAM_MAX_ATTEMPTS", 3, int),
+            request_timeout_s=_number(env, "REQUEST_TIMEOUT_S", 110.0),
+            stream_usage=_flag(env, "STREAM_USAGE", True),
+            replication=_replication(env),
+            copies_min=_number(env, "COPIES_MIN", 1, int),
+            copies_max=_number(env, "COPIES_MAX", 0, int) or None,
         )
+
+
+def _number(env: Mapping[str, str], name: str, default: Any, kind: Callable[[str], Any] = float) -> Any:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ConfigurationError(f"{name}: {raw!r} is not a number") from None
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    value = env.get(name, "true" if default else "false").strip().lower()
+    if value not in ("true", "false", "1", "0", "yes", "no"):
+        raise ConfigurationError(f"{name}: {value!r} is not true or false")
+    return value in ("true", "1", "yes")
+
+
+#: The environment variable of each ``normalizer.replication`` field (the stack sets them all).
+REPLICATION_VARIABLES: Final = {
+    "enabled": "REPLICATION_ENABLED",
+    "max_replicas": "REPLICATION_MAX_REPLICAS",
+    "target_share_factor": "REPLICATION_TARGET_SHARE_FACTOR",
+    "half_life_s": "REPLICATION_HALF_LIFE_S",
+}
+
+
+def _replication(env: Mapping[str, str]) -> ReplicationSettings:
+    """The replication settings; an absent variable is the field's default."""
+    defaults = ReplicationSettings()
+    V = REPLICATION_VARIABLES
+    values = {
+        "enabled": _flag(env, V["enabled"], defaults.enabled),
+        "max_replicas": _number(env, V["max_replicas"], defaults.max_replicas, int),
+        "target_share_factor": _number(env, V["target_share_factor"], defaults.target_share_factor),
+        "half_life_s": _number(env, V["half_life_s"], defaults.half_life_s),
+    }
+    try:
+        return ReplicationSettings(**values)
+    except ValueError as error:  # "replication.<field>: got ...; allowed: ...": name the variable too
+        message = str(error)
+        field_name = message.removeprefix("replication.").split(":", 1)[0]
+        raise ConfigurationError(f"{V.get(field_name, 'REPLICATION')}: {message}") from None
 
 
 def load_tenant_key(client: Any, secret_id: str) -> bytes:

@@ -17,6 +17,9 @@ from typing import Any
 class CopyCounts:
     """``sample()`` gives ``(desired, current)`` when a new reading is due, else None.
 
+    ``current`` is the latest ``CurrentCopyCount`` read (None before the first): hot-prefix
+    replication sizes its replicas by it between readings.
+
     ``client_factory`` makes the ``sagemaker`` (control-plane) client on first use, so the cold
     start does not pay for it. A failed read (no permission, throttling) is tried again an interval
     later; requests never fail because of it.
@@ -32,6 +35,7 @@ class CopyCounts:
         self._next = -float("inf")
         self._lock = threading.Lock()
         self.last_error: str | None = None
+        self.current: int | None = None
 
     def sample(self) -> tuple[int | None, int | None] | None:
         with self._lock:
@@ -48,4 +52,7 @@ class CopyCounts:
                 self.last_error = type(error).__name__
                 return None
             self.last_error = None
-            return runtime.get("DesiredCopyCount"), runtime.get("CurrentCopyCount")
+            desired, current = runtime.get("DesiredCopyCount"), runtime.get("CurrentCopyCount")
+            if isinstance(current, int) and not isinstance(current, bool):
+                self.current = current
+            return desired, current

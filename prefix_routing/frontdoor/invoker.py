@@ -12,6 +12,7 @@ from typing import Any
 from prefix_routing.frontdoor.config import _STATUS_CLIENT_CLOSED, JSON_HEADERS, InvokeConfig
 from prefix_routing.frontdoor.prepare import prepare
 from prefix_routing.frontdoor.record import RequestRecord, Telemetry
+from prefix_routing.frontdoor.replicas import Replicas
 from prefix_routing.frontdoor.request import FrontRequest, RequestError
 from prefix_routing.frontdoor.stream import StreamReader
 from prefix_routing.frontdoor.upstream import Upstream, _close_body, _jitter, _Opened
@@ -86,7 +87,8 @@ class Invoker:
     ``client`` is a boto3 ``sagemaker-runtime`` client (create it with botocore retries off:
     ``Config(retries={"total_max_attempts": 1})``; the invoker retries itself, before the first byte
     only). ``key`` is the tenant HMAC key. ``sleep`` and ``jitter`` (a number in [0, 1) per backoff)
-    are for tests.
+    are for tests, and ``replicas`` (the hot-prefix tracker, :class:`Replicas`, used only with
+    ``config.replication.enabled``; by default one sized by the telemetry's copy counts).
     """
 
     def __init__(
@@ -99,12 +101,15 @@ class Invoker:
         emit: Callable[[str], None] | None = None,
         sleep: Callable[[float], None] = time.sleep,
         jitter: Callable[[], float] | None = None,
+        replicas: Replicas | None = None,
     ) -> None:
         self.config = config
         self.key = key
         self.telemetry = telemetry_sink or Telemetry(config, emit)
         self.clock = time.monotonic  # FrontRequest.arrival and deadlines are on this clock
         self.upstream = Upstream(client, config, sleep=sleep, jitter=jitter or _jitter, clock=self.clock)
+        enabled = config.replication.enabled
+        self.replicas = (replicas or Replicas(config, copies=self.telemetry.copies)) if enabled else None
 
     # -- helpers
     def _deadline(self, request: FrontRequest) -> float:
@@ -157,6 +162,8 @@ class Invoker:
         record.wall_ms = (self.clock() - request.arrival) * 1000.0
         if record.status is None:
             record.status = 500
+        if self.replicas is not None:
+            record.hot_prefixes = self.replicas.hot()
         self.telemetry.publish(record)
 
     def _exchange(self, request: FrontRequest, record: RequestRecord, state: _State,
@@ -184,9 +191,12 @@ class Invoker:
         record.body_bytes = len(prepared.normalized.body)
         record.normalize_ms = prepared.normalize_ms
         deadline = self._deadline(request)
+        prefix_aware_id = prepared.identity.prefix_aware_id
+        if self.replicas is not None:  # replication: replica j of a hot prefix goes out as <id>-r<j>
+            prefix_aware_id = self.replicas.route(prefix_aware_id, record)
         record.sent = True
         try:
-            opened = state.opened = self.upstream.open(prepared, record, deadline)
+            opened = state.opened = self.upstream.open(prepared, record, deadline, prefix_aware_id)
         except UpstreamError as error:
             record.status, record.error_kind = error.status, error.kind
             record.origin = "internal" if error.kind == "internal" else "upstream"

@@ -29,6 +29,9 @@ class RequestRecord:
     ``sent``: the request went to the endpoint. ``origin``: ``"client"`` (rejected here, 4xx),
     ``"upstream"`` (the endpoint failed it), ``"internal"``, or None. Everything but ``arrival_ms`` is
     optional (None, or ``()``/``False``/``0`` for ``block_hashes``/``sent``/``attempts``).
+    With hot-prefix replication enabled: ``replica`` / ``replicas`` (j and k of a request that was
+    sent; it went out as ``replica_id(routing_id, replica)``) and ``hot_prefixes`` (the tracker's
+    count at the end of every request: with it the EMF document has the replication metrics).
     """
 
     arrival_ms: int
@@ -55,6 +58,9 @@ class RequestRecord:
     origin: str | None = None
     desired_copies: int | None = None  # sampled once a minute (frontdoor.copies), else None
     current_copies: int | None = None
+    replica: int | None = None  # hot-prefix replication (frontdoor.replicas), else None
+    replicas: int | None = None
+    hot_prefixes: int | None = None
 
 
 def _ms(value: float | None) -> float | None:
@@ -78,7 +84,7 @@ def log_record(record: RequestRecord, config: InvokeConfig) -> dict[str, Any]:
     """The request log line (a JSON object with the :class:`telemetry.LogField` fields)."""
     F = telemetry.LogField
     settings = config.settings
-    return {
+    line = {
         F.MESSAGE: telemetry.REQUEST_LOG_MESSAGE,
         F.TIMESTAMP_MS: record.arrival_ms,
         LOG_REQUEST_ID: record.request_id,
@@ -104,6 +110,10 @@ def log_record(record: RequestRecord, config: InvokeConfig) -> dict[str, Any]:
         F.ERROR_KIND: record.error_kind,
         LOG_ERROR_FIELD: _loggable_field(record.error_field),
     }
+    if record.replicas is not None:  # replication enabled (absent otherwise: the line stays as it was)
+        line[telemetry.ReplicaLogField.REPLICA] = record.replica
+        line[telemetry.ReplicaLogField.REPLICAS] = record.replicas
+    return line
 
 
 def _metric_values(record: RequestRecord) -> list[tuple[telemetry.MetricSpec, float]]:
@@ -122,6 +132,9 @@ def _metric_values(record: RequestRecord) -> list[tuple[telemetry.MetricSpec, fl
         (telemetry.CURRENT_COPIES, record.current_copies),
     )
     values.extend((spec, float(value)) for spec, value in optional if value is not None)
+    if record.hot_prefixes is not None:  # replication enabled: in every document, else in none
+        values.append((telemetry.REPLICATED_REQUESTS, 1.0 if record.replica else 0.0))
+        values.append((telemetry.HOT_PREFIXES, float(record.hot_prefixes)))
     return values
 
 

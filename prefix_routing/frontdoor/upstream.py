@@ -67,19 +67,21 @@ class Upstream:
         ceiling = min(self.config.backoff_max_s, self.config.backoff_base_s * (2 ** (attempt - 1)))
         return ceiling * (0.5 + 0.5 * self.jitter())  # "equal jitter": never less than half
 
-    def params(self, prepared: Prepared) -> dict[str, Any]:
-        """The exact ``InvokeEndpointWithResponseStream`` parameters of a prepared request."""
+    def params(self, prepared: Prepared, prefix_aware_id: str | None = None) -> dict[str, Any]:
+        """The exact ``InvokeEndpointWithResponseStream`` parameters of a prepared request;
+        ``prefix_aware_id`` (a replica's, see :mod:`.replicas`) replaces the tenant's."""
         params: dict[str, Any] = {"EndpointName": self.config.endpoint_name}
         if self.config.component_name:
             params["InferenceComponentName"] = self.config.component_name
-        params["PrefixAwareId"] = prepared.identity.prefix_aware_id
+        params["PrefixAwareId"] = prefix_aware_id or prepared.identity.prefix_aware_id
         params["ContentType"] = "application/json"
         params["Body"] = prepared.normalized.body
         return params
 
-    def open(self, prepared: Prepared, record: RequestRecord, deadline: float) -> _Opened:
+    def open(self, prepared: Prepared, record: RequestRecord, deadline: float,
+             prefix_aware_id: str | None = None) -> _Opened:
         """Call the endpoint until the first payload part arrives; retries what is retryable."""
-        params = self.params(prepared)
+        params = self.params(prepared, prefix_aware_id)
         attempt = 0
         while True:
             attempt += 1

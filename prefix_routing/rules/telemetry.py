@@ -58,6 +58,16 @@ ALL_METRICS: Final = (
     CURRENT_COPIES,
 )
 
+#: Hot-prefix replication (``normalizer.replication``, :mod:`prefix_routing.rules.replication`): in
+#: every EMF document while it is enabled, in none while it is off (so they are not in ALL_METRICS,
+#: the metrics of a request without replication). ``HotPrefixes`` is a gauge of one execution
+#: environment's tracker: read it with Maximum.
+REPLICATED_REQUESTS = MetricSpec(
+    "ReplicatedRequests", "Count", "requests sent to a replica j > 0 of a hot prefix (PrefixAwareId <id>-r<j>)"
+)
+HOT_PREFIXES = MetricSpec("HotPrefixes", "Count", "prefixes the front door's tracker gives more than one replica")
+REPLICATION_METRICS: Final = (REPLICATED_REQUESTS, HOT_PREFIXES)
+
 
 class LogField:
     """Fields of the normalizer's one structured log line per request (JSON).
@@ -68,7 +78,9 @@ class LogField:
     MESSAGE: Final = "message"  # constant REQUEST_LOG_MESSAGE on request lines
     TIMESTAMP_MS: Final = "request_ts_ms"  # epoch milliseconds at arrival
     TENANT: Final = "tenant"  # the tenant id (not secret; the key that salts it is)
-    ROUTING_ID: Final = "prefix_aware_id"  # the PrefixAwareId sent to SageMaker
+    # The tenant's PrefixAwareId, the one sent to SageMaker; with replication, replica j > 0 of a hot
+    # prefix went out as <id>-r<j> (ReplicaLogField.REPLICA says which j).
+    ROUTING_ID: Final = "prefix_aware_id"
     COMPONENT: Final = "inference_component"
     PREFIX_FINGERPRINT: Final = "prefix_fingerprint"  # hash of the first PrefixLength bytes
     PREFIX_LENGTH: Final = "prefix_length"  # bytes the fingerprint covers
@@ -83,6 +95,14 @@ class LogField:
     NORMALIZE_MS: Final = "normalize_ms"
     STATUS: Final = "status"  # HTTP status given to the caller
     ERROR_KIND: Final = "error_kind"  # e.g. invalid_json, throttled, model_error, truncated
+
+
+class ReplicaLogField:
+    """Fields the request log line has only while hot-prefix replication is enabled (and the request
+    was sent): the request went out with ``PrefixAwareId = replica_id(<prefix_aware_id>, replica)``."""
+
+    REPLICA: Final = "replica"  # j: 0 = the tenant's own PrefixAwareId, else <id>-r<j>
+    REPLICAS: Final = "replicas"  # k: the replicas the prefix had then (1 = not hot)
 
 
 # The value of LogField.MESSAGE on the per-request line, so readers can pick those lines out.

@@ -172,6 +172,19 @@ class AlarmSettings(_Section):
     emails: list[Annotated[str, Field(pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")]] = Field(default_factory=list)
 
 
+class ReplicationStageSettings(_Section):
+    """The [normalizer.replication] section: hot-prefix replication by the front door
+    (``prefix_routing.rules.replication``; the function reads it from ``REPLICATION_*``)."""
+
+    enabled: bool = False
+    max_replicas: int = Field(4, ge=1, le=64, description="the most replicas (PrefixAwareIds) one prefix gets")
+    target_share_factor: float = Field(
+        2.0, ge=0.1, le=1000,
+        description="a prefix is replicated once it takes more than this many fair shares, 1/copies, of recent requests",
+    )
+    half_life_s: float = Field(60.0, ge=1, le=86400, description="seconds after which a request counts half")
+
+
 class NormalizerFunctionSettings(_Section):
     """The [normalizer] section: how the front-door Lambda is deployed (the rules are in normalize.py)."""
 
@@ -182,6 +195,7 @@ class NormalizerFunctionSettings(_Section):
     timeout_s: int = Field(120, ge=5, le=900)
     log_retention_days: Literal[1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365] = 30
     block_bytes: int = Field(2048, ge=64, le=65536)
+    replication: ReplicationStageSettings = ReplicationStageSettings()
 
 
 class StageConfig(_Section):
@@ -272,6 +286,11 @@ class StageConfig(_Section):
             )
         prefix_aware = self.routing.strategy == "PREFIX_AWARE"
         endpoint = self.endpoint
+        if self.normalizer.replication.enabled and not prefix_aware:
+            found.append(
+                f"normalizer.replication has no effect with routing.strategy {self.routing.strategy}: replicas "
+                "are other PrefixAwareIds, which only PREFIX_AWARE routing reads"
+            )
         if prefix_aware and endpoint.copies_max < 2:
             found.append(
                 "routing.strategy PREFIX_AWARE has no effect: at most "

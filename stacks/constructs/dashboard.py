@@ -47,23 +47,32 @@ class RoutingDashboard(Construct):
                 width=third,
             ),
         )
+        quarter = WIDTH // 4
         self.dashboard.add_widgets(
             cloudwatch.GraphWidget(
                 title="Concurrent requests per copy, per instance",
                 left=[sagemaker.concurrency_per_instance()],
-                width=third,
+                width=quarter,
+            ),
+            # The front door's relief for a hotspot: a hot prefix's requests spread over replicas
+            # (PrefixAwareId <id>-r<j>). Empty unless normalizer.replication.enabled.
+            cloudwatch.GraphWidget(
+                title="Hot-prefix replication: requests sent to a replica, hot prefixes",
+                left=[normalizer.replicated_requests()],
+                right=[normalizer.hot_prefixes()],
+                width=quarter,
             ),
             # SageMaker publishes no copy counts: the normalizer samples DescribeInferenceComponent.
             cloudwatch.GraphWidget(
                 title="Copies: desired vs current (sampled by the normalizer), invocations per copy",
                 left=normalizer.copies(),
                 right=[sagemaker.invocations_per_copy()],
-                width=third,
+                width=quarter,
             ),
             cloudwatch.GraphWidget(
                 title="GPU utilization and memory (%)",
                 left=[sagemaker.gpu_utilization(), sagemaker.gpu_memory_utilization()],
-                width=third,
+                width=quarter,
             ),
         )
         self.dashboard.add_widgets(

@@ -30,7 +30,7 @@ from aws_cdk import AssetHashType, BundlingOptions, DockerImage, Duration, ILoca
 from aws_cdk import aws_iam as iam, aws_lambda as lambda_, aws_logs as logs, aws_secretsmanager as secretsmanager
 from constructs import Construct
 
-from prefix_routing.stage.config import NormalizerFunctionSettings, RoutingSettings
+from prefix_routing.stage.config import EndpointSettings, NormalizerFunctionSettings, RoutingSettings
 from stacks.nag import acknowledge
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,6 +111,7 @@ class NormalizerFunction(Construct):
         endpoint_arn: str,
         component_arn: str,
         routing: RoutingSettings,
+        endpoint: EndpointSettings,
         settings: NormalizerFunctionSettings,
         code: lambda_.Code,
     ) -> None:
@@ -162,6 +163,7 @@ class NormalizerFunction(Construct):
             iam.PolicyStatement(actions=["secretsmanager:GetSecretValue"], resources=[self.tenant_key.secret_arn])
         )
         request_timeout_s = max(1, settings.timeout_s - DEADLINE_MARGIN_S)
+        replication = settings.replication
         self.function = lambda_.Function(
             self,
             "Function",
@@ -194,6 +196,14 @@ class NormalizerFunction(Construct):
                 "TENANT_KEY_SECRET_ARN": self.tenant_key.secret_arn,  # where the key is, not the key
                 "REQUEST_TIMEOUT_S": str(request_timeout_s),
                 "UPSTREAM_READ_TIMEOUT_S": str(min(MAX_READ_TIMEOUT_S, request_timeout_s)),
+                # Hot-prefix replication (normalizer.replication; prefix_routing.rules.replication),
+                # and the copy bounds it assumes before it has read the component's copy count.
+                "REPLICATION_ENABLED": "true" if replication.enabled else "false",
+                "REPLICATION_MAX_REPLICAS": str(replication.max_replicas),
+                "REPLICATION_TARGET_SHARE_FACTOR": repr(float(replication.target_share_factor)),
+                "REPLICATION_HALF_LIFE_S": repr(float(replication.half_life_s)),
+                "COPIES_MIN": str(endpoint.copies_min),
+                "COPIES_MAX": str(endpoint.copies_max),
             },
         )
         self.function_url = self.function.add_function_url(

@@ -38,3 +38,22 @@ def test_copy_counts_are_the_normalizers_published_metrics(default_templates):
     body = _body(default_templates["observability"])
     for spec in (telemetry.DESIRED_COPIES, telemetry.CURRENT_COPIES):
         assert f'"{telemetry.NAMESPACE}","{spec.name}","{telemetry.DIMENSION_COMPONENT}"' in body
+
+
+def test_hot_prefix_replication_widget_sits_with_the_hotspot_widgets(default_templates):
+    (dashboard,) = default_templates["observability"].find_resources("AWS::CloudWatch::Dashboard").values()
+    parts = dashboard["Properties"]["DashboardBody"]["Fn::Join"][1]
+    widgets = json.loads("".join(p if isinstance(p, str) else "token" for p in parts))["widgets"]
+    titles = [w["properties"].get("title", "") for w in widgets]
+    (index,) = [i for i, t in enumerate(titles) if t.startswith("Hot-prefix replication")]
+    assert titles[index - 1].startswith("Concurrent requests per copy, per instance")  # right beside it
+    widget = widgets[index]
+    assert widget["y"] == widgets[index - 1]["y"]  # on the same row
+    metrics = widget["properties"]["metrics"]
+    replicated = [m for m in metrics if telemetry.REPLICATED_REQUESTS.name in m]
+    hot = [m for m in metrics if telemetry.HOT_PREFIXES.name in m]
+    assert len(replicated) == 1 and len(hot) == 1
+    component = load_stage().component_name
+    for metric, statistic, axis in ((replicated[0], "Sum", "left"), (hot[0], "Maximum", "right")):
+        assert metric[:4] == [telemetry.NAMESPACE, metric[1], telemetry.DIMENSION_COMPONENT, component]
+        assert metric[-1]["stat"] == statistic and metric[-1].get("yAxis", "left") == axis

@@ -210,3 +210,17 @@ def test_run_sh_puts_the_asset_first_then_the_adapter_example_path():
     run = (ROOT / "lambda" / "normalizer" / "run.sh").read_text()
     (line,) = [l for l in run.splitlines() if l.startswith("export PYTHONPATH=")]
     assert line == 'export PYTHONPATH="${LAMBDA_TASK_ROOT}:/opt/python:${LAMBDA_RUNTIME_DIR}${PYTHONPATH:+:${PYTHONPATH}}"'
+
+
+def test_the_function_gets_replication_off_and_the_copy_bounds(default_templates):
+    env = _function(default_templates["normalizer"])["Environment"]["Variables"]
+    stage = load_stage()
+    assert {name: env[name] for name in (
+        "REPLICATION_ENABLED", "REPLICATION_MAX_REPLICAS", "REPLICATION_TARGET_SHARE_FACTOR",
+        "REPLICATION_HALF_LIFE_S", "COPIES_MIN", "COPIES_MAX",
+    )} == {"REPLICATION_ENABLED": "false", "REPLICATION_MAX_REPLICAS": "4", "REPLICATION_TARGET_SHARE_FACTOR": "2.0",
+           "REPLICATION_HALF_LIFE_S": "60.0", "COPIES_MIN": str(stage.endpoint.copies_min),
+           "COPIES_MAX": str(stage.endpoint.copies_max)}
+    config = InvokeConfig.from_env({name: value if isinstance(value, str) else "token" for name, value in env.items()})
+    assert config.replication.enabled is False
+    assert (config.copies_min, config.copies_max) == (stage.endpoint.copies_min, stage.endpoint.copies_max)

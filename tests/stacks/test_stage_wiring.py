@@ -15,8 +15,9 @@ from prefix_routing.frontdoor.config import InvokeConfig
 from tests.stacks.conftest import findings, nag_report, stage_with, synth
 
 # Default stage, for contrast: prefix_length 4096, concurrency_threshold 10, target 4.0, block_bytes
-# 2048, tenancy iam, tenant header x-tenant-id, 512 MB, 120 s, concurrency 50, 30 days, alarms
-# 2000 ms / hotspot x2.0 / hit rate 0.3 / 1.0 % / 5 periods, 10 s metrics, 1-2 instances and copies.
+# 2048, tenancy iam, tenant header x-tenant-id, 512 MB, 120 s, concurrency 50, 30 days, replication
+# off / 4 replicas / factor 2.0 / half-life 60 s, alarms 2000 ms / hotspot x2.0 / hit rate 0.3 /
+# 1.0 % / 5 periods, 10 s metrics, 1-2 instances and copies.
 WIRING = {
     "name": "wiring",
     "endpoint": {"instances_min": 2, "instances_max": 4, "copies_min": 2, "copies_max": 4,
@@ -27,7 +28,9 @@ WIRING = {
     "alarms": {"ttft_p50_ms": 1500.0, "hotspot_factor": 3.0, "minimum_hit_rate": 0.45,
                "error_rate_percent": 2.5, "evaluation_periods": 3},
     "normalizer": {"tenancy": "header", "tenant_header": "x-org-id", "reserved_concurrency": 20,
-                   "memory_mb": 1024, "timeout_s": 60, "log_retention_days": 14, "block_bytes": 512},
+                   "memory_mb": 1024, "timeout_s": 60, "log_retention_days": 14, "block_bytes": 512,
+                   "replication": {"enabled": True, "max_replicas": 6, "target_share_factor": 1.5,
+                                   "half_life_s": 45}},
 }
 ENDPOINT_NAME = "wiring-prefix-llm"  # "<name>-prefix-llm"
 COMPONENT_NAME = "wiring-prefix-llm-ic"
@@ -137,6 +140,26 @@ def test_the_handler_reads_the_stages_settings_back(templates):
     assert (config.settings.prefix_length, config.settings.block_bytes) == (8192, 512)
     assert (config.tenancy, config.tenant_header) == ("header", "x-org-id")
     assert config.request_timeout_s == 55
+
+
+def test_lambda_environment_carries_the_stages_replication_and_copy_bounds(templates):
+    env = _function(templates)["Environment"]["Variables"]
+    assert {name: env[name] for name in (
+        "REPLICATION_ENABLED", "REPLICATION_MAX_REPLICAS", "REPLICATION_TARGET_SHARE_FACTOR",
+        "REPLICATION_HALF_LIFE_S", "COPIES_MIN", "COPIES_MAX",
+    )} == {
+        "REPLICATION_ENABLED": "true",
+        "REPLICATION_MAX_REPLICAS": "6",
+        "REPLICATION_TARGET_SHARE_FACTOR": "1.5",
+        "REPLICATION_HALF_LIFE_S": "45.0",  # the TOML integer 45, written as a number of seconds
+        "COPIES_MIN": "2",
+        "COPIES_MAX": "4",
+    }
+    config = InvokeConfig.from_env({k: v if isinstance(v, str) else "token" for k, v in env.items()})
+    replication = config.replication
+    assert (replication.enabled, replication.max_replicas, replication.target_share_factor,
+            replication.half_life_s) == (True, 6, 1.5, 45.0)
+    assert (config.copies_min, config.copies_max) == (2, 4)
 
 
 def test_lambda_sizing_and_log_retention_are_the_stages(templates):

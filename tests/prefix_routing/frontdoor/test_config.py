@@ -58,3 +58,38 @@ def test_tenant_key_from_secrets_manager_exact_call():
         stub.assert_no_pending_responses()
     with pytest.raises(frontdoor.ConfigurationError, match="TENANT_KEY_SECRET_ARN"):
         frontdoor.load_tenant_key(client, "")
+
+
+def test_replication_and_copy_bounds_from_env():
+    from prefix_routing.rules.replication import ReplicationSettings
+
+    cfg = frontdoor.InvokeConfig.from_env({"ENDPOINT_NAME": "ep"})
+    assert cfg.replication == ReplicationSettings() and cfg.replication.enabled is False  # absent: off
+    assert (cfg.copies_min, cfg.copies_max) == (1, None)
+    cfg = frontdoor.InvokeConfig.from_env({
+        "ENDPOINT_NAME": "ep", "REPLICATION_ENABLED": "true", "REPLICATION_MAX_REPLICAS": "8",
+        "REPLICATION_TARGET_SHARE_FACTOR": "1.5", "REPLICATION_HALF_LIFE_S": "30.0", "COPIES_MIN": "2",
+        "COPIES_MAX": "6",
+    })
+    assert cfg.replication == ReplicationSettings(enabled=True, max_replicas=8, target_share_factor=1.5,
+                                                  half_life_s=30.0)
+    assert (cfg.copies_min, cfg.copies_max) == (2, 6)
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"REPLICATION_ENABLED": "on"}, "REPLICATION_ENABLED: 'on' is not true or false"),
+        ({"REPLICATION_MAX_REPLICAS": "0"}, "REPLICATION_MAX_REPLICAS: replication.max_replicas: got number 0"),
+        ({"REPLICATION_MAX_REPLICAS": "2.5"}, "REPLICATION_MAX_REPLICAS: '2.5' is not a number"),
+        ({"REPLICATION_TARGET_SHARE_FACTOR": "0.01"}, "REPLICATION_TARGET_SHARE_FACTOR: replication.target_share_factor"),
+        ({"REPLICATION_TARGET_SHARE_FACTOR": "nan"}, "REPLICATION_TARGET_SHARE_FACTOR: replication.target_share_factor"),
+        ({"REPLICATION_HALF_LIFE_S": "0"}, "REPLICATION_HALF_LIFE_S: replication.half_life_s"),
+        ({"COPIES_MIN": "-1"}, "COPIES_MIN"),
+        ({"COPIES_MIN": "3", "COPIES_MAX": "2"}, "COPIES_MAX"),
+        ({"COPIES_MAX": "many"}, "COPIES_MAX"),
+    ],
+)
+def test_replication_config_errors_name_the_variable(env, named):
+    with pytest.raises(frontdoor.ConfigurationError, match=named):
+        frontdoor.InvokeConfig.from_env({"ENDPOINT_NAME": "ep", **env})

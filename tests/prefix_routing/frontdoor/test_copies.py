@@ -78,3 +78,18 @@ def test_the_sampled_counts_ride_on_the_next_requests_metrics(lines):
     names = {m["Name"] for m in first["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
     assert {telemetry.DESIRED_COPIES.name, telemetry.CURRENT_COPIES.name} <= names
     assert telemetry.DESIRED_COPIES.name not in second  # within the minute: no second reading
+
+
+def test_the_latest_current_copy_count_is_kept_for_replication():
+    client, stub = _stubbed(_described(3, 2), "ThrottlingException", _described(4, 4))
+    clock = Clock()
+    copies = CopyCounts(lambda: client, "ic", interval_s=60, clock=clock)
+    assert copies.current is None  # nothing read yet
+    copies.sample()
+    assert copies.current == 2
+    clock.now += 60
+    assert copies.sample() is None and copies.current == 2  # a failed reading keeps the last one
+    clock.now += 60
+    copies.sample()
+    assert copies.current == 4
+    stub.assert_no_pending_responses()

@@ -150,3 +150,56 @@ def test_readme_configuration_reference_lists_every_field():
         if f"`{path}`" not in section and not (section_name and f"`{leaf}`" in section and f"`{section_name}." in section):
             missing.append(path)
     assert not missing, f"README configuration reference lacks: {missing}"
+
+
+@pytest.mark.parametrize(
+    "field, value, expected",
+    [
+        ("enabled", "yes", "normalizer.replication.enabled = 'yes': Input should be a valid boolean"),
+        ("enabled", 1, "normalizer.replication.enabled = 1: Input should be a valid boolean"),
+        ("max_replicas", 0, "normalizer.replication.max_replicas = 0: allowed: from 1 to 64"),
+        ("max_replicas", 65, "normalizer.replication.max_replicas = 65: allowed: from 1 to 64"),
+        ("max_replicas", 2.0, "normalizer.replication.max_replicas = 2.0: Input should be a valid integer"),
+        ("max_replicas", "4", "normalizer.replication.max_replicas = '4': Input should be a valid integer"),
+        ("target_share_factor", 0.05, "normalizer.replication.target_share_factor = 0.05: allowed: from 0.1 to 1000"),
+        ("target_share_factor", 1001, "normalizer.replication.target_share_factor = 1001: allowed: from 0.1 to 1000"),
+        ("target_share_factor", float("nan"), "normalizer.replication.target_share_factor = nan: allowed: from 0.1"),
+        ("target_share_factor", "2", "normalizer.replication.target_share_factor = '2': Input should be a valid number"),
+        ("half_life_s", 0.5, "normalizer.replication.half_life_s = 0.5: allowed: from 1 to 86400"),
+        ("half_life_s", 86401, "normalizer.replication.half_life_s = 86401: allowed: from 1 to 86400"),
+        ("half_life_s", True, "normalizer.replication.half_life_s = True: Input should be a valid number"),
+        ("half_lfe_s", 60, "normalizer.replication.half_lfe_s: unknown key (a typo?)"),
+        ("capacity", 64, "normalizer.replication.capacity: unknown key (a typo?)"),  # not a stage setting
+    ],
+)
+def test_replication_mistake_is_named_with_value_and_what_is_allowed(field, value, expected):
+    with pytest.raises(ConfigError) as raised:
+        parse_stage(_with(f"normalizer.replication.{field}", value), source="stage.toml")
+    assert str(raised.value).startswith(f"stage.toml: {expected}")
+    assert len(raised.value.problems) == 1
+
+
+def test_replication_defaults_and_a_stage_file(tmp_path):
+    replication = load_stage().normalizer.replication
+    assert (replication.enabled, replication.max_replicas, replication.target_share_factor,
+            replication.half_life_s) == (False, 4, 2.0, 60.0)
+    (tmp_path / "hot.toml").write_text(
+        '[model]\nframework = "vllm"\nimage_repository = "vllm"\nimage_tag = "v1"\nmodel_id = "m/m"\n'
+        '[endpoint]\ninstance_type = "ml.g6e.xlarge"\ninstances_min = 2\ninstances_max = 3\ncopies_min = 2\n'
+        'copies_max = 3\n[routing]\nstrategy = "PREFIX_AWARE"\n'
+        "[normalizer.replication]\nenabled = true\nmax_replicas = 8\ntarget_share_factor = 3\nhalf_life_s = 30\n"
+    )
+    stage = load_stage("hot", config_dir=tmp_path)
+    assert stage.normalizer.replication.model_dump() == {"enabled": True, "max_replicas": 8,
+                                                         "target_share_factor": 3.0, "half_life_s": 30.0}
+    assert stage.warnings == []
+    (tmp_path / "typo.toml").write_text((tmp_path / "hot.toml").read_text().replace("max_replicas = 8", "max_replicas = 99"))
+    with pytest.raises(ConfigError, match=r"typo.toml: normalizer.replication.max_replicas = 99: allowed: from 1 to 64"):
+        load_stage("typo", config_dir=tmp_path)
+
+
+def test_replication_without_prefix_aware_routing_is_a_warning():
+    data = _with("normalizer.replication.enabled", True)
+    data["routing"] = {"strategy": "LEAST_OUTSTANDING_REQUESTS"}
+    (warning,) = parse_stage(data, source="s.toml").warnings
+    assert "normalizer.replication has no effect with routing.strategy LEAST_OUTSTANDING_REQUESTS" in warning
