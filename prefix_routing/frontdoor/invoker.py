@@ -187,6 +187,7 @@ class Invoker:
         record.routing_id = prepared.identity.prefix_aware_id
         record.body_kind = prepared.normalized.kind
         record.fingerprint = prepared.normalized.prefix_fingerprint
+        record.rekeyed = prepared.rekeyed
         record.block_hashes = prepared.normalized.block_hashes
         record.body_bytes = len(prepared.normalized.body)
         record.normalize_ms = prepared.normalize_ms

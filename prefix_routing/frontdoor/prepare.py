@@ -26,6 +26,9 @@ class Prepared:
     normalized: Normalized
     normalize_ms: float
     expects_usage: bool
+    #: The raw body's first PrefixLength bytes differ from the normalized body's: without the front
+    #: door, routing would have keyed this request elsewhere (``RekeyedRequests``).
+    rekeyed: bool = False
 
 
 def _wants_usage(normalized: Normalized) -> tuple[bool, bool]:
@@ -68,4 +71,28 @@ def prepare(request: FrontRequest, config: InvokeConfig, key: bytes) -> Prepared
         rejected.normalize_ms = (time.perf_counter() - started) * 1000.0
         raise rejected from None
     normalize_ms = (time.perf_counter() - started) * 1000.0
-    return Prepared(tenant, application, identity, normalized, normalize_ms, expects_usage)
+    rekeyed = _rekeyed(_raw_bytes(request.body), normalized.body, identity, config.settings.prefix_length)
+    return Prepared(tenant, application, identity, normalized, normalize_ms, expects_usage, rekeyed)
+
+
+def _rekeyed(raw: bytes, canonical: bytes, identity: RoutingIdentity, length: int) -> bool:
+    """Whether the client's own bytes would have keyed routing differently from their canonical
+    form. The tenant's ``cache_salt``, which the front door itself puts first, is left out of the
+    comparison: it is ours, not the client's (every unsalted body would otherwise count)."""
+    salt = b'{"cache_salt":' + json.dumps(identity.cache_salt).encode() + b","
+    if canonical.startswith(salt) and not raw.startswith(salt):
+        canonical = b"{" + canonical[len(salt):]
+    return raw[:length] != canonical[:length]
+
+
+def _raw_bytes(body) -> bytes:
+    """The bytes a client would have sent SageMaker: the body as received, or for a direct
+    invocation's JSON value what ``json.dumps`` makes of it (what a Python client sends)."""
+    if isinstance(body, (bytes, bytearray)):
+        return bytes(body)
+    if isinstance(body, str):
+        return body.encode("utf-8", "surrogatepass")
+    try:
+        return json.dumps(body).encode("utf-8", "surrogatepass")
+    except (TypeError, ValueError):
+        return b""

@@ -58,6 +58,7 @@ class RequestRecord:
     origin: str | None = None
     desired_copies: int | None = None  # sampled once a minute (frontdoor.copies), else None
     current_copies: int | None = None
+    rekeyed: bool = False  # the raw body's routing bytes differed from the normalized body's
     replica: int | None = None  # hot-prefix replication (frontdoor.replicas), else None
     replicas: int | None = None
     hot_prefixes: int | None = None
@@ -109,6 +110,7 @@ def log_record(record: RequestRecord, config: InvokeConfig) -> dict[str, Any]:
         F.STATUS: record.status,
         F.ERROR_KIND: record.error_kind,
         LOG_ERROR_FIELD: _loggable_field(record.error_field),
+        F.REKEYED: record.rekeyed,
     }
     if record.replicas is not None:  # replication enabled (absent otherwise: the line stays as it was)
         line[telemetry.ReplicaLogField.REPLICA] = record.replica
@@ -121,6 +123,7 @@ def _metric_values(record: RequestRecord) -> list[tuple[telemetry.MetricSpec, fl
         (telemetry.REQUESTS, 1.0 if record.sent else 0.0),
         (telemetry.CLIENT_ERRORS, 1.0 if record.origin == "client" else 0.0),
         (telemetry.UPSTREAM_ERRORS, 1.0 if record.origin == "upstream" else 0.0),
+        (telemetry.REKEYED_REQUESTS, 1.0 if record.sent and record.rekeyed else 0.0),
     ]
     optional = (
         (telemetry.TTFT, record.ttft_ms),

@@ -6,8 +6,8 @@ routed (block ids are chained, and a copy caches a prompt's blocks from its firs
 
 - **first touch**: blocks no request of the workload had before: no routing could have cached them;
 - **re-keyed**: requests whose raw body keyed routing differently from the normalized body (the
-  client's bytes scattered them; the front door counts them as ``RekeyedRequests``); the lab knows
-  it only for traces that say so (a ``rekeyed`` flag per request), else 0;
+  client's bytes scattered them; the front door counts them as ``RekeyedRequests`` and logs
+  ``rekeyed``); ``book`` takes the flag, but no trace reader passes it yet: 0 in the lab for now;
 - **routed away**: blocks another copy held when this one did not (a spill, a replica, another
   strategy's choice): more leading blocks cached elsewhere than on the chosen copy;
 - **evicted**: blocks seen before but held by no copy: the caches were too small (or the prompt's

@@ -36,6 +36,11 @@ CACHED_TOKENS = MetricSpec(
 NORMALIZATION_TIME = MetricSpec("NormalizationTime", "Milliseconds", "time spent normalizing the body")
 REQUESTS = MetricSpec("Requests", "Count", "requests the normalizer accepted and sent on")
 CLIENT_ERRORS = MetricSpec("ClientErrors", "Count", "requests rejected with a 4xx (bad body, too large)")
+REKEYED_REQUESTS = MetricSpec(
+    "RekeyedRequests", "Count",
+    "requests whose raw body's first PrefixLength bytes differ from the normalized body's (the client's bytes "
+    "would have scattered them)",
+)
 UPSTREAM_ERRORS = MetricSpec(
     "UpstreamErrors", "Count", "requests that failed at the endpoint (5xx, stream error, timeout, truncation)"
 )
@@ -54,6 +59,7 @@ ALL_METRICS: Final = (
     REQUESTS,
     CLIENT_ERRORS,
     UPSTREAM_ERRORS,
+    REKEYED_REQUESTS,
     DESIRED_COPIES,
     CURRENT_COPIES,
 )
@@ -95,6 +101,7 @@ class LogField:
     NORMALIZE_MS: Final = "normalize_ms"
     STATUS: Final = "status"  # HTTP status given to the caller
     ERROR_KIND: Final = "error_kind"  # e.g. invalid_json, throttled, model_error, truncated
+    REKEYED: Final = "rekeyed"  # raw and normalized bodies differ in their first PrefixLength bytes
 
 
 class ReplicaLogField:

@@ -86,3 +86,19 @@ def test_streaming_bodies_ask_for_usage_unless_told_otherwise():
     lmi = {"inputs": "hello", "parameters": {"max_new_tokens": 4}, "stream": True}
     prepared = frontdoor.prepare(frontdoor.request_from_event(url_event(json.dumps(lmi))), config(), KEY)
     assert b"stream_options" not in prepared.normalized.body
+
+
+def test_a_body_whose_routing_bytes_the_normalizer_changes_is_rekeyed_and_a_canonical_one_is_not():
+    careless = json.dumps({"temperature": 0.2, "messages": [{"content": "Be brief.", "role": "system"},
+                                                             {"role": "user", "content": "hi"}]})
+    first = frontdoor.prepare(frontdoor.request_from_event(url_event(careless)), config(), KEY)
+    assert first.rekeyed  # key order: the raw bytes start with "temperature", the canonical with "messages"
+    # The canonical body sent again (as a client that normalizes would) keys routing the same way.
+    canonical = first.normalized.body
+    again = frontdoor.prepare(frontdoor.request_from_event(url_event(canonical)), config(), KEY)
+    assert again.normalized.body == canonical and not again.rekeyed
+    # The front door's own cache_salt does not count: a canonical body without it is not re-keyed.
+    salt_member = b'"cache_salt":' + json.dumps(first.identity.cache_salt).encode() + b","
+    unsalted = canonical.replace(salt_member, b"", 1)
+    assert unsalted != canonical
+    assert not frontdoor.prepare(frontdoor.request_from_event(url_event(unsalted)), config(), KEY).rekeyed

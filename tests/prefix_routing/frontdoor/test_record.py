@@ -42,7 +42,8 @@ def test_emf_document_omits_what_is_unknown_and_counts_errors():
                                          cached_tokens=None, status=400, origin="client", desired_copies=None,
                                          current_copies=None), config())
     names = {m["Name"] for m in client["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
-    assert names == {"Requests", "ClientErrors", "UpstreamErrors", "NormalizationTime"}
+    assert names == {"Requests", "ClientErrors", "UpstreamErrors", "RekeyedRequests", "NormalizationTime"}
+    assert client["RekeyedRequests"] == [0]  # not sent: nothing was keyed
     assert (client["Requests"], client["ClientErrors"], client["UpstreamErrors"]) == ([0], [1], [0])
     upstream = frontdoor.emf_document(_record(status=502, origin="upstream", total_ms=None, prompt_tokens=None,
                                            cached_tokens=None), config())
@@ -89,3 +90,13 @@ def test_telemetry_lines_carry_no_prompt_text_and_no_key(lines):
     assert secret_word not in output and KEY.decode() not in output
     assert routing_identity(ROLE_TENANT, None, KEY).cache_salt not in output
     assert len(lines.emf) == 2 and len(lines.requests) == 2
+
+
+def test_a_rekeyed_request_counts_in_rekeyed_requests_and_says_so_in_its_log_line():
+    rekeyed = _record(rekeyed=True)
+    assert frontdoor.emf_document(rekeyed, config())["RekeyedRequests"] == [1]
+    assert frontdoor.log_record(rekeyed, config())["rekeyed"] is True
+    assert frontdoor.emf_document(_record(), config())["RekeyedRequests"] == [0]
+    # Rejected before it was sent: nothing was keyed, whatever its bytes.
+    assert frontdoor.emf_document(_record(rekeyed=True, sent=False, origin="client", status=400),
+                                  config())["RekeyedRequests"] == [0]
