@@ -122,6 +122,7 @@ def add_trace_arguments(parser) -> None:
     parser.add_argument("--api", choices=("invoke", "openai"), default="invoke",
                         help="the path the clients call: invoke (PrefixLength counts body bytes, JSON included) or "
                         "openai (it counts characters of the messages' text; --bytes-per-token then means characters)")
+    parser.add_argument("--load-step", metavar="T:F", help="--workload long-context: the arrival rate × F from T seconds on (e.g. 1800:3)")
     parser.add_argument("--zipf", type=float, metavar="S", help="--workload long-context: prefix popularity ∝ 1/rank^S (default 0: uniform)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (routing, generated workloads; default 0)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -144,6 +145,10 @@ def add_fleet_arguments(parser, *, grid: bool) -> None:
     parser.add_argument("--cache-policy", choices=CACHE_POLICIES, help="the engines' cache: vllm-blocks (an LRU of blocks; default) or llamacpp-slots (llama-server: one sequence per slot, the preset's max_num_seqs slots sharing --cache-tokens, and --cache-ram)")
     parser.add_argument("--slot-prompt-similarity", type=_similarity, metavar="F", help=f"llamacpp-slots: llama-server's --slot-prompt-similarity (default {SLOT_PROMPT_SIMILARITY:.2f}; 0 = off)")
     parser.add_argument("--cache-ram", type=_cache_ram, metavar="MIB", help=f"llamacpp-slots: llama-server's --cache-ram, MiB of saved slot states per copy (default {CACHE_RAM_MIB:.0f}; 0 = off, -1 = no limit)")
+    parser.add_argument("--autoscaling", choices=("off", "on"), default="off", help="copy autoscaling: target tracking on concurrent requests per copy, up to instances × copies (default off)")
+    parser.add_argument("--autoscaling-target", type=_positive_float("--autoscaling-target"), metavar="C", help="concurrent requests per copy to track (default 4, the stage default)")
+    parser.add_argument("--autoscaling-min", type=_ranged_int("--autoscaling-min", 0, 10_000), metavar="N", help="fewest copies (default 1; 0 scales to zero)")
+    parser.add_argument("--copy-startup-s", type=_positive_float("--copy-startup-s"), metavar="S", help="seconds before a new copy serves (default 300, an assumption)")
     parser.add_argument("--replication", choices=("off", "on"), default="off", help="PREFIX_AWARE: the front door gives hot prefixes k replicas (<id>-r<j>; default off)")
     parser.add_argument("--replication-target-share", type=_positive_float("--replication-target-share"), metavar="F", help="replicate a prefix above F fair shares (1/copies) of recent requests (default 2)")
     parser.add_argument("--replication-max-replicas", type=_ranged_int("--replication-max-replicas", 1, 64), metavar="K", help="at most K replicas per prefix (default 4)")
@@ -182,10 +187,14 @@ def load_from_args(args) -> tuple[Trace, "LongContextSpec | None"]:
         if args.trace:
             raise UserError("give either TRACE or --workload, not both")
         spec_cls, generate = WORKLOADS[args.workload]
-        spec = spec_cls() if args.zipf is None else spec_cls(zipf=args.zipf)
+        options = {} if args.zipf is None else {"zipf": args.zipf}
+        if args.load_step:
+            options["load_step"] = _load_step(args.load_step)
+        spec = spec_cls(**options)
         trace = generate(spec, seed=args.seed)
-    elif args.zipf is not None:
-        raise UserError("--zipf shapes a generated workload: give it with --workload long-context")
+    elif args.zipf is not None or args.load_step:
+        raise UserError(f"{'--zipf' if args.zipf is not None else '--load-step'} shapes a generated workload: "
+                        "give it with --workload long-context")
     elif not args.trace:
         raise UserError("no trace: give a TRACE file (or cloudwatch:LOG_GROUP), or --workload long-context")
     elif args.trace.startswith("cloudwatch:"):
@@ -245,6 +254,37 @@ def _preset_from_args(args):
     return load_preset_file(path)
 
 
+def _load_step(text: str) -> tuple[float, float]:
+    at, _, factor = text.partition(":")
+    try:
+        value = (float(at), float(factor))
+    except ValueError:
+        raise UserError(f"--load-step {text!r}: expected SECONDS:FACTOR, e.g. 1800:3") from None
+    if not (value[0] >= 0 and value[1] > 0):
+        raise UserError(f"--load-step {text!r}: needs SECONDS >= 0 and FACTOR > 0")
+    return value
+
+
+def autoscaling_from_args(args, total_copies: int) -> "AutoscalingSettings | None":
+    """--autoscaling on: target tracking up to instances × copies (the fleet's size)."""
+    from prefix_routing.lab.autoscaling import AutoscalingSettings
+
+    given = [flag for flag, value in (("--autoscaling-target", getattr(args, "autoscaling_target", None)),
+                                      ("--autoscaling-min", getattr(args, "autoscaling_min", None)),
+                                      ("--copy-startup-s", getattr(args, "copy_startup_s", None))) if value is not None]
+    if getattr(args, "autoscaling", "off") != "on":
+        if given:
+            raise UserError(f"{given[0]} needs --autoscaling on")
+        return None
+    options = {"max_copies": total_copies}
+    for name in ("autoscaling_target", "autoscaling_min", "copy_startup_s"):
+        value = getattr(args, name, None)
+        if value is not None:
+            options[{"autoscaling_target": "target_per_copy", "autoscaling_min": "min_copies",
+                     "copy_startup_s": "startup_s"}[name]] = value
+    return AutoscalingSettings(**options)
+
+
 def replication_from_args(args) -> "ReplicationSettings | None":
     """--replication on with its settings; the settings flags without it are an error."""
     from prefix_routing.rules.replication import ReplicationSettings
@@ -261,6 +301,12 @@ def replication_from_args(args) -> "ReplicationSettings | None":
         return ReplicationSettings(enabled=True, **options)
     except ValueError as error:
         raise UserError(str(error)) from None
+
+
+def get_preset_copies(preset) -> int:
+    from prefix_routing.stage.presets import Preset, get_preset
+
+    return (preset if isinstance(preset, Preset) else get_preset(preset)).replicas
 
 
 def fleet_config_from_args(args, trace: Trace | None, spec: "LongContextSpec | None", **fixed) -> FleetConfig:
@@ -285,6 +331,8 @@ def fleet_config_from_args(args, trace: Trace | None, spec: "LongContextSpec | N
         "seed": args.seed,
     }
     values["replication"] = replication_from_args(args)
+    total = (values["instances"]) * (values["copies"] or get_preset_copies(values["preset"]))
+    values["autoscaling"] = autoscaling_from_args(args, total)
     for name in ("cache_policy", "slot_prompt_similarity", "cache_ram_mib"):
         flag = getattr(args, name if name != "cache_ram_mib" else "cache_ram", None)
         values[name] = flag if flag is not None else getattr(base, name)

@@ -116,6 +116,7 @@ from heapq import heappop, heappush
 from itertools import repeat as _repeat
 from typing import Hashable, Sequence
 
+from prefix_routing.lab.autoscaling import CopyPool
 from prefix_routing.lab.engine_model import EngineModel
 from prefix_routing.lab.fleet_config import FleetConfig
 from prefix_routing.lab.fleet_stats import CopyStats, instance_totals
@@ -199,6 +200,9 @@ class Fleet:
         # Uncached tokens by cause (lab/misses.py); it remembers blocks for ~8 fleets' worth of cache.
         blocks_cached = math.inf if self._infinite else n * capacity / config.block_tokens
         self.misses = MissLedger(int(min(2_000_000, max(200_000, 4 * blocks_cached))))
+        self.pool = CopyPool(config.autoscaling, n) if config.autoscaling else None
+        self.no_capacity = 0  # requests that found no copy serving (autoscaling)
+        self._next_start = math.inf  # when a starting copy begins to serve
         self._hot = HotPrefixes(config.replication) if config.replicating else None
         self.timeouts = 0
         self._timeout = math.inf if config.timeout_s is None else config.timeout_s
@@ -210,6 +214,8 @@ class Fleet:
         # Flat copies for the hot path.
         self._strategy = config.strategy
         self._choose = self.router.choose
+        if config.autoscaling:
+            self.router.set_active(list(range(config.autoscaling.start_copies)))
         self._threshold = config.concurrency_threshold
         self._bt = config.block_tokens
         self.engines = EngineModel(n, self.latency, budget=capacity, overhead_s=self._ttft_overhead,
@@ -248,6 +254,8 @@ class Fleet:
 
     def advance(self, now: float) -> int:
         """Retire the requests whose last token is out by ``now``; returns how many."""
+        if self.pool is not None:
+            return self._advance_scaled(now)
         done, out, retired = self._done, self._out, 0
         while done and done[0][0] <= now:
             entry = heappop(done)
@@ -256,6 +264,32 @@ class Fleet:
                 continue
             out[entry[1]] -= 1
             retired += 1
+        return retired
+
+    def _advance_scaled(self, now: float) -> int:
+        """``advance`` with copy autoscaling: finishes and evaluations in time order."""
+        done, out, pool, retired = self._done, self._out, self.pool, 0
+        while True:
+            finish = done[0][0] if done else math.inf
+            if pool.next_tick <= now and pool.next_tick <= finish:
+                t = pool.next_tick
+                for g in pool.tick(t, out):
+                    self._caches[g].clear()  # a removed copy loses its cache
+                self.router.set_active(pool.serving(t))
+                self._next_start = pool.next_start(t)
+                continue
+            if finish > now:
+                break
+            entry = heappop(done)
+            if self._early and self._early.get(entry):
+                self._early[entry] -= 1
+                continue
+            pool.record(entry[1], entry[0], out[entry[1]])
+            out[entry[1]] -= 1
+            retired += 1
+        if self._next_start <= now:  # a starting copy began to serve since the last look
+            self.router.set_active(pool.serving(now))
+            self._next_start = pool.next_start(now)
         return retired
 
     def release(self, placement: Placement) -> None:
@@ -325,7 +359,8 @@ class Fleet:
         strategy = self._strategy
         spilled = False
         caches = self._caches
-        if n == 1:
+        pool = self.pool
+        if n == 1 and pool is None:
             g = 0
         elif strategy is _KV_AWARE:
             g = self._kv_choose(blocks, prompt, now)
@@ -337,6 +372,10 @@ class Fleet:
                     key = (_REPLICA, j, key)
                     self.replicated += 1
             g, spilled = self._choose(key, out)
+            if g < 0:  # autoscaling: no copy serving; SageMaker fails it (NoCapacityInvocationFailures)
+                pool.no_capacity += 1
+                self.no_capacity += 1
+                return 0, 0, math.inf, 0.0, now, False, now
             if spilled:
                 self.spills += 1
                 self._spills_in[g] += 1
@@ -350,6 +389,8 @@ class Fleet:
         else:
             cached = slots.lookup(g, blocks, prompt, output, now)
         self._requests[g] += 1
+        if pool is not None:
+            pool.record(g, now, out[g])
         out[g] += 1
         scheduled = self.engines.schedule(g, prompt, cached, output, now)
         if scheduled is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from prefix_routing.lab.autoscaling import AutoscalingSettings
 from prefix_routing.lab.routing import (
     CONCURRENCY_THRESHOLD_RANGE,
     DEFAULT_BLOCK_TOKENS,
@@ -49,6 +50,9 @@ class FleetConfig:
     cache_ram_mib: float = CACHE_RAM_MIB  # per copy; 0: off, -1: no byte limit (llama.cpp's values)
     # Hot-prefix replication by the front door (rules/replication.py); None or enabled=False: off.
     replication: ReplicationSettings | None = None
+    # Copy autoscaling (lab/autoscaling.py); None: the copies are fixed. instances × copies is the
+    # most copies there can be.
+    autoscaling: AutoscalingSettings | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.preset, str):
@@ -77,6 +81,15 @@ class FleetConfig:
             raise UserError(f"key_offset_bytes={self.key_offset_bytes}: must be >= 0")
         if self.replication is not None and not isinstance(self.replication, ReplicationSettings):
             raise UserError(f"replication={self.replication!r}: must be ReplicationSettings or None")
+        if self.autoscaling is not None:
+            if not isinstance(self.autoscaling, AutoscalingSettings):
+                raise UserError(f"autoscaling={self.autoscaling!r}: must be AutoscalingSettings or None")
+            if self.autoscaling.max_copies > self.instances * self.copies:
+                raise UserError(f"autoscaling max_copies={self.autoscaling.max_copies}: more than instances × copies "
+                                f"= {self.instances * self.copies}")
+            if self.strategy is Strategy.KV_AWARE or self.cache_policy != VLLM_BLOCKS:
+                raise UserError("autoscaling: modelled for RANDOM, LEAST_OUTSTANDING_REQUESTS and PREFIX_AWARE with "
+                                "the vllm-blocks cache only")
         if self.cache_policy not in CACHE_POLICIES:
             raise UserError(f"cache_policy={self.cache_policy!r}: allowed: {', '.join(CACHE_POLICIES)}")
         if not _number(self.slot_prompt_similarity) or not 0 <= self.slot_prompt_similarity <= 1:

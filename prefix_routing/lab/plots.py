@@ -62,7 +62,33 @@ def plot_simulation(results: Sequence[SimResult], out_dir: str | Path) -> list[P
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     paths.append(_save(fig, out / "hit_rate_over_time.png", plt))
+    scaled = [r for r in results if r.autoscaling]
+    if scaled:
+        paths.append(_plot_autoscaling(scaled, out / "copies_over_time.png", plt))
     return paths
+
+
+def _plot_autoscaling(results: Sequence[SimResult], path: Path, plt) -> Path:
+    """Copies (provisioned, serving) and per-copy load over time, per strategy, with the hotspot threshold."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    for r in results:
+        rows = r.autoscaling["copies_over_time"]
+        minutes = [row["t_s"] / 60 for row in rows]
+        top.step(minutes, [row["provisioned"] for row in rows], where="post", label=f"{r.strategy}: provisioned")
+        top.step(minutes, [row["serving"] for row in rows], where="post", linestyle="--", label=f"{r.strategy}: serving")
+        line, = bottom.plot(minutes, [row["busiest_copy"] for row in rows], label=f"{r.strategy}: busiest copy")
+        bottom.plot(minutes, [row["concurrency_per_copy"] for row in rows], color=line.get_color(), alpha=0.5,
+                    linestyle=":", label=f"{r.strategy}: mean per copy")
+    threshold = results[0].autoscaling["hotspot_threshold"]
+    bottom.axhline(threshold, color="red", linewidth=0.8, label=f"hotspot threshold ({threshold:g})")
+    top.set_ylabel("copies")
+    top.set_title("Copy autoscaling: copies and per-copy load (1-minute means)")
+    bottom.set_ylabel("requests in flight per copy")
+    bottom.set_xlabel("simulated time (min)")
+    for ax in (top, bottom):
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    return _save(fig, path, plt)
 
 
 def plot_tune(result: dict, out_dir: str | Path) -> list[Path]:
@@ -73,7 +99,8 @@ def plot_tune(result: dict, out_dir: str | Path) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     pls, ths = result["prefix_lengths"], result["thresholds"]
-    grid = {(p["prefix_length"], p["concurrency_threshold"]): p for p in result["points"]}
+    # One cell per PrefixLength × threshold: the points without replication when it was swept too.
+    grid = {(p["prefix_length"], p["concurrency_threshold"]): p for p in result["points"] if not p.get("replication")}
     ttft = np.array([[grid[(pl, t)]["ttft_p50_s"] * 1000 for t in ths] for pl in pls])
     fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(ths), 1.5 + 0.6 * len(pls)))
     from matplotlib.colors import LogNorm

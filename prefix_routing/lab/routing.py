@@ -139,7 +139,7 @@ class Router:
     routes with this class, so both see the same homes for the same keys and seed.
     """
 
-    __slots__ = ("strategy", "n", "copies_per_instance", "threshold", "rng", "_seed_mix", "_home_of")
+    __slots__ = ("strategy", "n", "copies_per_instance", "threshold", "rng", "_seed_mix", "_home_of", "active")
 
     def __init__(self, strategy: Strategy, copies: int, *, concurrency_threshold: int,
                  copies_per_instance: int = 1, seed: int = 0, rng: random.Random | None = None) -> None:
@@ -152,6 +152,36 @@ class Router:
         self.rng = rng if rng is not None else random.Random(seed)
         self._seed_mix = mix64(seed & _MASK)
         self._home_of: dict = {}
+        self.active: list[int] | None = None  # with copy autoscaling: the copies serving now
+
+    def set_active(self, copies: list[int] | None) -> None:
+        """Route among ``copies`` only (None: all ``n``). PREFIX_AWARE then picks a key's home by
+        rendezvous hashing (the serving copy with the highest seeded hash of key and copy), so a
+        change of copies moves only the keys of the copies added or removed (an assumption: AWS
+        says most requests keep their instance on scaling, not how)."""
+        self.active = None if copies is None else list(copies)
+
+    def _choose_among(self, key: Hashable, out: Sequence[int], active: list[int]) -> tuple[int, bool]:
+        if not active:
+            return -1, False  # no copy serving: the request fails (NoCapacityInvocationFailures)
+        strategy = self.strategy
+        if len(active) == 1:
+            return active[0], False
+        if strategy is _PREFIX_AWARE:
+            kh = mix64(stable_hash(key) ^ self._seed_mix)
+            home = max(active, key=lambda c: mix64(kh ^ (c + 1) * _GOLDEN & _MASK))
+            if out[home] < self.threshold:
+                return home, False
+            loads = [out[c] for c in active]
+            spill = active[spill_copy(loads, active.index(home), self.threshold, 1)]
+            return spill, spill != home
+        if strategy is _RANDOM:
+            return active[int(self.rng.random() * len(active))], False
+        if strategy is _LEAST_OUTSTANDING:
+            start = int(self.rng.random() * len(active))
+            order = active[start:] + active[:start]
+            return min(order, key=out.__getitem__), False
+        raise UserError(f"strategy {strategy.value}: needs the copies' caches; route it with the fleet model")
 
     def home(self, key: Hashable) -> int:
         """The copy a routing key maps to: Fibonacci hashing of integer ids (chained block ids),
@@ -164,7 +194,10 @@ class Router:
         return g
 
     def choose(self, key: Hashable, out: Sequence[int]) -> tuple[int, bool]:
-        """(copy, spilled) for a request with routing ``key`` when copy g has ``out[g]`` in flight."""
+        """(copy, spilled) for a request with routing ``key`` when copy g has ``out[g]`` in flight
+        (copy -1: none is serving)."""
+        if self.active is not None:
+            return self._choose_among(key, out, self.active)
         n = self.n
         if n == 1:
             return 0, False

@@ -44,6 +44,8 @@ class SimResult:
     extra: dict = field(default_factory=dict)
     replicated_requests: int = 0  # sent to a replica j > 0 of a hot prefix (replication on)
     misses: dict = field(default_factory=dict)  # uncached tokens by cause (lab/misses.py)
+    copy_hours: float = 0.0  # provisioned copies × time (the cost), first arrival to last token
+    autoscaling: dict | None = None  # CopyPool.summary(): events, copies over time, hotspot seconds
 
     def as_dict(self) -> dict:
         total_req = sum(self.instance_requests) or 1
@@ -63,6 +65,9 @@ class SimResult:
             "spills": self.spills,
             "timeouts": self.timeouts,
             "misses": self.misses,
+            "copy_hours": self.copy_hours,
+            **({"hotspot_seconds": self.autoscaling["hotspot_seconds"], "autoscaling": self.autoscaling}
+               if self.autoscaling is not None else {}),
             "instance_request_share": [r / total_req for r in self.instance_requests],
             "instance_token_share": [t / total_tok for t in self.instance_prompt_tokens],
             "instance_hit_rate": self.instance_hit_rates,
@@ -164,11 +169,14 @@ class Simulator:
         fleet = self.fleet
         place = fleet._place
         done, out = fleet._done, fleet._out
+        scaled = fleet.pool is not None  # autoscaling: finishes and evaluations through advance()
         last_finish = self.last_finish
         for lo in range(0, n, _CHUNK):
             hi = min(n, lo + _CHUNK)
             for i in range(lo, hi):
                 now = arrivals[i] * inv
+                if scaled:
+                    fleet.advance(now)
                 while done and done[0][0] <= now:
                     out[heappop(done)[1]] -= 1
                 r = place(keys[i], blocks[i], prompts[i], outputs[i], now)
@@ -184,9 +192,12 @@ class Simulator:
         fleet = self.fleet
         place = fleet._place
         done, out, ready = fleet._done, fleet._out, self._ready
+        scaled = fleet.pool is not None
         last_finish = self.last_finish
         for i in range(n):
             now = heappop(ready)  # the user free first sends the trace's next request
+            if scaled:
+                fleet.advance(now)
             while done and done[0][0] <= now:
                 out[heappop(done)[1]] -= 1
             r = place(keys[i], blocks[i], prompts[i], outputs[i], now)
@@ -232,6 +243,8 @@ def _result(sim: Simulator) -> SimResult:
     import numpy as np
 
     config, fleet = sim.config, sim.fleet
+    if fleet.pool is not None:
+        fleet.advance(sim.last_finish)  # the evaluations up to the last token
     n = len(sim.arrivals)
     arr = np.frombuffer(sim.arrivals, dtype=float) * sim.inv
     first = np.frombuffer(sim.firsts, dtype=float)
@@ -262,10 +275,24 @@ def _result(sim: Simulator) -> SimResult:
     over_time = [
         (float(b * bin_s), float(hit_num[b] / hit_den[b]) if hit_den[b] else 0.0) for b in range(bins)
     ]
+    scaling = None
+    if fleet.pool is not None:
+        scaling = fleet.pool.summary(span)
+        scaling["no_capacity_failures"] = fleet.no_capacity
+        # The hit rate of the requests that arrive in the 10 minutes after each scale-out.
+        after = np.zeros(n, dtype=bool)
+        for t, before, to in fleet.pool.events:
+            if to > before:
+                after |= (arr >= t) & (arr < t + 600.0)
+        den = float(prompts[after & ~failed].sum())
+        scaling["hit_rate_10min_after_scale_out"] = float(cached_arr[after].sum()) / den if den else None
+    copy_hours = scaling["copy_hours"] if scaling else config.total_copies * max(span, 0.0) / 3600.0
     return SimResult(
         strategy=config.strategy.value,
         config=config,
         requests=n,
+        copy_hours=copy_hours,
+        autoscaling=scaling,
         hit_rate=hit,
         ttft=ttft.tolist(),
         ttft_p50_s=p["p50"],

@@ -39,6 +39,7 @@ class LongContextSpec:
     prefix_length: int = 4096
     concurrency_threshold: int = 10
     zipf: float = 0.0  # prefix popularity ∝ 1/rank^zipf (0: uniform, the blog's setting)
+    load_step: tuple[float, float] | None = None  # (at_s, factor): the arrival rate × factor from at_s on
 
     def fleet_config(self, **overrides) -> FleetConfig:
         values = dict(
@@ -68,8 +69,11 @@ def long_context_workload(spec: LongContextSpec = LongContextSpec(), *, seed: in
     next_id = spec.prefixes * prefix_blocks
     arrivals, prompts, outputs, blocks = [], [], [], []
     t = 0.0
+    step_at, step_factor = spec.load_step or (math.inf, 1.0)
+    if not (step_factor > 0 and step_at >= 0):
+        raise UserError(f"load_step={spec.load_step!r}: needs a time >= 0 and a factor > 0")
     while True:
-        t += rng.expovariate(spec.rate_rps)
+        t += rng.expovariate(spec.rate_rps * (step_factor if t >= step_at else 1.0))
         if t > spec.duration_s:
             break
         if cumulative is None:

@@ -272,3 +272,27 @@ def test_replication_and_zipf_flags_say_what_they_need(capsys):
     assert code == 2 and "--zipf shapes a generated workload" in err
     code, _, err = run(capsys, "simulate", "--workload", "long-context", "--zipf", "11")
     assert code == 2 and "zipf=11.0: must be a number from 0 (uniform) to 10" in err
+
+
+def test_simulate_autoscaling_reports_copies_copy_hours_and_hotspot_seconds(capsys, tmp_path):
+    code, out, err = run(capsys, "simulate", "--workload", "long-context", "--instances", "14", "--strategy",
+                         "PREFIX_AWARE", "--load-step", "1800:3", "--autoscaling", "on", "--autoscaling-min", "2",
+                         "--json", "--out-dir", tmp_path)
+    assert code == 0, err
+    result = json.loads(out)["results"][0]
+    assert result["copy_hours"] > 0 and "hotspot_seconds" in result and result["misses"]["first_touch"] > 0
+    assert result["autoscaling"]["scale_events"] and (tmp_path / "copies_over_time.png").is_file()
+    code, out, _ = run(capsys, "simulate", "--workload", "long-context", "--json", "--no-plots", "--limit", "300")
+    fixed = json.loads(out)["results"][0]
+    assert "autoscaling" not in fixed and fixed["copy_hours"] > 0
+
+
+def test_autoscaling_and_load_step_flags_say_what_they_need(capsys):
+    code, _, err = run(capsys, "simulate", "--workload", "long-context", "--autoscaling-target", "2")
+    assert code == 2 and "--autoscaling-target needs --autoscaling on" in err
+    code, _, err = run(capsys, "simulate", "--load-step", "10:3", "trace.jsonl")
+    assert code == 2 and "--load-step shapes a generated workload" in err
+    code, _, err = run(capsys, "simulate", "--workload", "long-context", "--load-step", "soon")
+    assert code == 2 and "expected SECONDS:FACTOR" in err
+    code, _, err = run(capsys, "simulate", "--workload", "long-context", "--autoscaling", "on", "--strategy", "KV_AWARE")
+    assert code == 2 and "autoscaling: modelled for RANDOM" in err
