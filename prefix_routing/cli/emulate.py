@@ -22,6 +22,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--cache-tokens", help="KV-cache tokens per copy, or 'infinite' (default: the preset's)")
     parser.add_argument("--faults", default="", help="e.g. throttle_rate=0.05,stream_error_rate=0.01,seed=1")
     parser.add_argument("--slow-instance", metavar="I:FACTOR", help="make instance I FACTOR times slower")
+    parser.add_argument("--autoscaling", choices=("off", "on"), default="off",
+                        help="the copies scale within the stage's bounds as its target tracking would (default off)")
     engines = parser.add_argument_group("real engines instead of the fleet model (one copy per engine)")
     engines.add_argument("--engines", type=int, metavar="N", help="start N local llama.cpp engines (engines build first)")
     engines.add_argument("--engine-url", action="append", metavar="URL",
@@ -63,7 +65,7 @@ def run(args) -> int:
         preset = load_preset_file(args.preset_file)
     server = start_emulator(
         config, port=args.port, speed=args.speed, faults=faults, preset=preset,
-        cache_tokens=cache, slow_instance=slow,
+        cache_tokens=cache, slow_instance=slow, autoscaling=args.autoscaling == "on",
     )
     _serve(args, config, server, "the lab's fleet model")
     return 0
@@ -74,7 +76,8 @@ def _run_on_engines(args, config, faults) -> int:
     from prefix_routing.engines.session import local_engines
 
     fleet_only = [flag for flag, given in (("--speed", args.speed != 1.0), ("--preset", args.preset), ("--preset-file", args.preset_file),
-                                           ("--cache-tokens", args.cache_tokens), ("--slow-instance", args.slow_instance))
+                                           ("--cache-tokens", args.cache_tokens), ("--slow-instance", args.slow_instance),
+                                           ("--autoscaling", args.autoscaling == "on"))
                   if given]
     if fleet_only:
         raise UserError(f"{', '.join(fleet_only)}: options of the fleet model; real engines have their own speed and cache")

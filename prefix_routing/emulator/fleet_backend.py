@@ -32,6 +32,7 @@ from typing import Any
 from prefix_routing.emulator.backend import BackendResponse, ErrorReply
 from prefix_routing.emulator.chat import chat_response, parse_chat_request
 from prefix_routing.emulator.protocol import OP_CHAT_COMPLETIONS, RuntimeRequest
+from prefix_routing.lab.autoscaling import AutoscalingSettings
 from prefix_routing.lab.fleet import Fleet, Request
 from prefix_routing.lab.fleet_config import FleetConfig
 from prefix_routing.rules.errors import UserError
@@ -79,10 +80,27 @@ def preset_for_stage(config: StageConfig) -> Preset:
     )
 
 
+def autoscaling_for_stage(config: StageConfig, startup_s: float | None = None) -> AutoscalingSettings:
+    """The stage's copy autoscaling (``[scaling]``, the endpoint's copy bounds, the hotspot alarm's
+    factor), as the stacks deploy it (``stacks/constructs/copy_autoscaling.py``)."""
+    scaling, endpoint = config.scaling, config.endpoint
+    return AutoscalingSettings(
+        target_per_copy=scaling.target_concurrent_requests_per_copy,
+        min_copies=endpoint.copies_min,
+        max_copies=endpoint.copies_max,
+        scale_out_cooldown_s=scaling.scale_out_cooldown_s,
+        scale_in_cooldown_s=scaling.scale_in_cooldown_s,
+        hotspot_factor=config.alarms.hotspot_factor,
+        **({} if startup_s is None else {"startup_s": startup_s}),
+    )
+
+
 def fleet_config_for_stage(
-    config: StageConfig, *, preset: "str | Preset | None" = None, cache_tokens: float | None = None, seed: int = 0
+    config: StageConfig, *, preset: "str | Preset | None" = None, cache_tokens: float | None = None, seed: int = 0,
+    autoscaling: bool = False,
 ) -> FleetConfig:
-    """The endpoint at its maximum size, routed as the stage routes it."""
+    """The endpoint at its maximum size, routed as the stage routes it; with ``autoscaling`` the
+    copies scale within the stage's bounds as its target tracking would scale them."""
     chosen = preset or preset_for_stage(config)
     routing = config.routing
     return FleetConfig(
@@ -98,6 +116,7 @@ def fleet_config_for_stage(
         block_bytes=BLOCK_BYTES,
         preset=chosen,
         seed=seed,
+        autoscaling=autoscaling_for_stage(config) if autoscaling else None,
     )
 
 
@@ -182,7 +201,12 @@ class FleetBackend:
         with self._lock:
             now = self._now()
             self.fleet.advance(now)
+            refused = self.fleet.no_capacity
             placement = self.fleet.submit(fleet_request, now)
+            if self.fleet.no_capacity > refused:
+                # Autoscaling at zero (or every copy still starting): SageMaker counts it in
+                # NoCapacityInvocationFailures; the exact error body is unconfirmed (an assumption).
+                return ErrorReply("ValidationError", "Inference Component has no capacity to process this request.")
             cached = int(min(placement.cached_tokens, prompt_tokens))
             self.served[request.request_id] = _Served(
                 request.request_id,
@@ -252,7 +276,15 @@ class FleetBackend:
             "hit_rate": (sum(s.cached_tokens for s in served) / prompt) if prompt else None,
             "spills": sum(s.spilled for s in served),
             "instances": instances,
+            **({"copies": self._copies_now()} if self.fleet.pool is not None else {}),
         }
+
+    def _copies_now(self) -> dict[str, Any]:
+        """Autoscaling: the copies provisioned and serving now (model time), and the scale events."""
+        pool, now = self.fleet.pool, self._now()
+        return {"provisioned": len(pool.provisioned()), "serving": len(pool.serving(now)),
+                "events": [{"t_s": t, "from": a, "to": b} for t, a, b in pool.events],
+                "hotspot_seconds": pool.hotspot_seconds, "no_capacity_failures": self.fleet.no_capacity}
 
 
 def _quantile(sorted_values: list[float], q: float) -> float | None:
@@ -272,13 +304,14 @@ def start_emulator(
     slow_instance: tuple[int, float] | None = None,
     seed: int = 0,
     record_bodies: bool = True,
+    autoscaling: bool = False,
 ):
     """A started ``RuntimeServer`` on 127.0.0.1 serving the stage's endpoint name with a fleet
     backend. Stop it with ``server.stop()``."""
     from prefix_routing.emulator.server import RuntimeServer
 
     backend = FleetBackend(
-        fleet_config_for_stage(config, preset=preset, cache_tokens=cache_tokens, seed=seed),
+        fleet_config_for_stage(config, preset=preset, cache_tokens=cache_tokens, seed=seed, autoscaling=autoscaling),
         component_name=config.component_name,
         speed=speed,
     )

@@ -10,7 +10,8 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from prefix_routing.emulator.fleet_backend import fleet_config_for_stage, preset_for_stage, start_emulator
+from prefix_routing.emulator.fleet_backend import FleetBackend, fleet_config_for_stage, preset_for_stage, start_emulator
+from prefix_routing.emulator.server import serve_runtime
 from prefix_routing.rules.errors import UserError
 from prefix_routing.stage.config import DEFAULT_STAGE_DATA, load_stage, parse_stage
 
@@ -228,3 +229,34 @@ def test_cache_salt_isolates_tenants_on_the_same_copy():
         assert cached[0] == 0 and cached[1] == 0 and cached[2] > 1000
     finally:
         server.stop()
+
+
+def test_with_autoscaling_the_emulated_copies_scale_from_zero_on_the_first_refused_request():
+    from prefix_routing.emulator.fleet_backend import autoscaling_for_stage, fleet_config_for_stage
+
+    data = json.loads(json.dumps(DEFAULT_STAGE_DATA))
+    data["endpoint"].update(copies_min=0, copies_max=2)
+    config = parse_stage(data, source="test")
+    settings = autoscaling_for_stage(config)
+    assert (settings.min_copies, settings.max_copies, settings.target_per_copy) == (0, 2, 4.0)
+    assert fleet_config_for_stage(config, autoscaling=True).autoscaling == settings
+    clock = {"t": 0.0}
+    backend = FleetBackend(fleet_config_for_stage(config, autoscaling=True), speed=1.0, clock=lambda: clock["t"])
+    # Starts with one copy; 15 quiet minutes later the copies are at zero.
+    for minute in range(1, 17):
+        clock["t"] = minute * 60.0
+        backend.fleet.advance(clock["t"])
+    assert backend.status()["copies"]["provisioned"] == 0
+    with serve_runtime(backend) as server:
+        client = boto3.client("sagemaker-runtime", endpoint_url=server.url, region_name="us-east-1",
+                              aws_access_key_id="t", aws_secret_access_key="t",
+                              config=Config(retries={"total_max_attempts": 1}))
+        body = json.dumps({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}).encode()
+        with pytest.raises(client.exceptions.ValidationError, match="no capacity"):
+            client.invoke_endpoint(EndpointName="ep", Body=body)
+        client.close()
+    clock["t"] = 17 * 60.0
+    backend.fleet.advance(clock["t"])  # the next evaluation adds a copy, serving after start-up
+    copies = backend.status()["copies"]
+    assert copies["provisioned"] == 1 and copies["no_capacity_failures"] == 1
+    assert copies["events"][-1]["to"] == 1
