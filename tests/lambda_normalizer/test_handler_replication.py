@@ -9,14 +9,13 @@ tenant's own id.
 
 from __future__ import annotations
 
-import boto3
 import handler as lambda_handler
 import pytest
-from botocore.stub import Stubber
 
 from prefix_routing import frontdoor
 from prefix_routing.rules import telemetry
 from prefix_routing.rules.replication import ReplicationSettings
+from tests.lambda_normalizer.conftest import environment_with_a_stubbed_secret
 from tests.lambda_normalizer.test_handler_stubber import StubbedRuntime, expected_params, parts
 from tests.prefix_routing.frontdoor.conftest import KEY, config, sse_chunks, url_event
 
@@ -84,24 +83,9 @@ def test_a_direct_invocation_of_a_cold_prefix_keeps_the_tenants_id(runtime, line
 
 
 def test_the_environment_turns_replication_on_and_ties_it_to_the_copy_readings(monkeypatch):
-    arn = "arn:aws:secretsmanager:us-east-1:111122223333:secret:TenantKey-AbCdEf"
-    env = {"ENDPOINT_NAME": "ep", "INFERENCE_COMPONENT_NAME": "ic", "TENANT_KEY_SECRET_ARN": arn,
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t",
-           "REPLICATION_ENABLED": "true", "REPLICATION_TARGET_SHARE_FACTOR": "1.5", "COPIES_MIN": "2",
-           "COPIES_MAX": "6"}
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    real_client = boto3.session.Session.client
-
-    def client(self, service, **kwargs):
-        made = real_client(self, service, **kwargs)
-        if service == "secretsmanager":
-            stub = Stubber(made)
-            stub.add_response("get_secret_value", {"SecretString": "s" * 48}, {"SecretId": arn})
-            stub.activate()
-        return made
-
-    monkeypatch.setattr(boto3.session.Session, "client", client)
+    environment_with_a_stubbed_secret(monkeypatch, {"REPLICATION_ENABLED": "true",
+                                                    "REPLICATION_TARGET_SHARE_FACTOR": "1.5", "COPIES_MIN": "2",
+                                                    "COPIES_MAX": "6"})
     lambda_handler.configure(None)
     try:
         built = lambda_handler.get_invoker()

@@ -22,6 +22,7 @@ from prefix_routing import frontdoor
 from prefix_routing.emulator import eventstream
 from prefix_routing.rules.body import normalize_body
 from prefix_routing.rules.identity import routing_identity
+from tests.lambda_normalizer.conftest import environment_with_a_stubbed_secret
 from tests.prefix_routing.frontdoor.conftest import BODY, CHAT, KEY, ROLE_TENANT, config, sse_chunks, url_event
 
 OPERATION = "invoke_endpoint_with_response_stream"
@@ -294,24 +295,7 @@ def test_handler_configuration_failure_is_a_500_without_secrets(monkeypatch, cap
 
 def test_handler_builds_its_clients_from_the_environment(monkeypatch):
     """The cold-start path: configuration from the environment, the key from Secrets Manager."""
-    arn = "arn:aws:secretsmanager:us-east-1:111122223333:secret:TenantKey-AbCdEf"
-    for name, value in {"ENDPOINT_NAME": "ep", "INFERENCE_COMPONENT_NAME": "ic", "TENANT_KEY_SECRET_ARN": arn,
-                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t",
-                        "UPSTREAM_READ_TIMEOUT_S": "42"}.items():
-        monkeypatch.setenv(name, value)
-    real_client = boto3.session.Session.client
-    stubs = []
-
-    def client(self, service, **kwargs):
-        made = real_client(self, service, **kwargs)
-        if service == "secretsmanager":
-            stub = Stubber(made)
-            stub.add_response("get_secret_value", {"SecretString": "s" * 48}, {"SecretId": arn})
-            stub.activate()
-            stubs.append(stub)
-        return made
-
-    monkeypatch.setattr(boto3.session.Session, "client", client)
+    stubs = environment_with_a_stubbed_secret(monkeypatch, {"UPSTREAM_READ_TIMEOUT_S": "42"})
     lambda_handler.configure(None)
     try:
         built = lambda_handler.get_invoker()
