@@ -319,7 +319,7 @@ def test_the_http_client_times_a_streamed_request(stand_in):
     first = client.chat("alpha beta gamma " * 100, 5)
     assert (first.prompt_tokens, first.cached_tokens, first.completion_tokens) == (302, 0, 5)
     assert first.ttft_s >= HTTP_PROMPT[0] + HTTP_PROMPT[1] * 302 and first.ttft_s < 10
-    assert first.per_token_s >= HTTP_STEP * 0.999 and first.per_token_s < 10
+    assert first.per_token_s >= HTTP_STEP * 0.5 and first.per_token_s < 10  # loose: see below
     again = client.chat("alpha beta gamma " * 100 + "delta", 1)
     assert (again.cached_tokens, again.new_tokens, again.per_token_s) == (301, 2, None)
     sent = StandIn.requests[0]
@@ -334,7 +334,9 @@ def test_measuring_over_http_gives_a_fit(stand_in):
     assert len(m.prefill) == 4 and len(m.decode) == 2
     a, b, c = m.prefill_fit.coefficients
     assert min(a, b, c) >= 0 and a + b * 1000 >= HTTP_PROMPT[0]  # slept at least that long
-    assert all(p.step_s >= HTTP_STEP * 0.999 for p in m.decode)
+    # The server sleeps HTTP_STEP between tokens; a client thread woken late for the first token sees
+    # a shorter span after it, so only a loose bound holds on a loaded machine (no timing asserts).
+    assert all(p.step_s >= HTTP_STEP * 0.5 for p in m.decode)
 
 
 def test_an_unreachable_server_is_a_user_error():
