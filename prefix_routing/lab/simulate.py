@@ -45,6 +45,7 @@ class SimResult:
     replicated_requests: int = 0  # sent to a replica j > 0 of a hot prefix (replication on)
     misses: dict = field(default_factory=dict)  # uncached tokens by cause (lab/misses.py)
     copy_hours: float = 0.0  # provisioned copies × time (the cost), first arrival to last token
+    hotspot_seconds: float = 0.0  # minutes any copy's mean in-flight count was above the hotspot threshold
     autoscaling: dict | None = None  # CopyPool.summary(): events, copies over time, hotspot seconds
 
     def as_dict(self) -> dict:
@@ -66,8 +67,8 @@ class SimResult:
             "timeouts": self.timeouts,
             "misses": self.misses,
             "copy_hours": self.copy_hours,
-            **({"hotspot_seconds": self.autoscaling["hotspot_seconds"], "autoscaling": self.autoscaling}
-               if self.autoscaling is not None else {}),
+            "hotspot_seconds": self.hotspot_seconds,
+            **({"autoscaling": self.autoscaling} if self.autoscaling is not None else {}),
             "instance_request_share": [r / total_req for r in self.instance_requests],
             "instance_token_share": [t / total_tok for t in self.instance_prompt_tokens],
             "instance_hit_rate": self.instance_hit_rates,
@@ -126,6 +127,8 @@ class Simulator:
         self.prompts = array("d")
         self.outputs = array("d")
         self.firsts = array("d")
+        self.copy_of = array("l")  # the copy each request went to
+        self.ends = array("d")  # when it left the in-flight count (its last token, or the timeout)
         self.cached = array("d")
         self.last_finish = 0.0
         self.wall_s = 0.0
@@ -142,15 +145,17 @@ class Simulator:
         arrivals, prompts, outputs, blocks = trace.arrivals, trace.prompt_tokens, trace.output_tokens, trace.blocks
         firsts = [0.0] * n
         cached = [0.0] * n
+        where = [0] * n
+        ends = [0.0] * n
         collecting = gc.isenabled()
         gc.disable()  # the loop makes many small tuples and no cycles: the collector only costs time
         started = time.perf_counter()
         try:
             if self.users:
                 arrivals = [0.0] * n  # decided by the loop: each user's previous finish
-                self._closed_loop(n, keys, arrivals, prompts, outputs, blocks, firsts, cached, bar)
+                self._closed_loop(n, keys, arrivals, prompts, outputs, blocks, firsts, cached, bar, where, ends)
             else:
-                self._loop(n, keys, arrivals, prompts, outputs, blocks, firsts, cached, bar)
+                self._loop(n, keys, arrivals, prompts, outputs, blocks, firsts, cached, bar, where, ends)
         finally:
             wall = time.perf_counter() - started
             if collecting:
@@ -161,10 +166,12 @@ class Simulator:
         self.outputs.extend(outputs)
         self.firsts.extend(firsts)
         self.cached.extend(cached)
+        self.copy_of.extend(where)
+        self.ends.extend(ends)
         self.source = self.source or trace.source
         return wall
 
-    def _loop(self, n, keys, arrivals, prompts, outputs, blocks, firsts, cached, bar) -> None:
+    def _loop(self, n, keys, arrivals, prompts, outputs, blocks, firsts, cached, bar, where, ends) -> None:
         inv = self.inv
         fleet = self.fleet
         place = fleet._place
@@ -182,13 +189,15 @@ class Simulator:
                 r = place(keys[i], blocks[i], prompts[i], outputs[i], now)
                 firsts[i] = r[2]
                 cached[i] = r[1]
+                where[i] = r[0]
+                ends[i] = r[4]
                 if r[4] > last_finish:
                     last_finish = r[4]
             if bar is not None:
                 bar.update(hi - lo)
             self.last_finish = last_finish
 
-    def _closed_loop(self, n, keys, arrivals, prompts, outputs, blocks, firsts, cached, bar) -> None:
+    def _closed_loop(self, n, keys, arrivals, prompts, outputs, blocks, firsts, cached, bar, where, ends) -> None:
         fleet = self.fleet
         place = fleet._place
         done, out, ready = fleet._done, fleet._out, self._ready
@@ -201,7 +210,7 @@ class Simulator:
             while done and done[0][0] <= now:
                 out[heappop(done)[1]] -= 1
             r = place(keys[i], blocks[i], prompts[i], outputs[i], now)
-            arrivals[i], firsts[i], cached[i] = now, r[2], r[1]
+            arrivals[i], firsts[i], cached[i], where[i], ends[i] = now, r[2], r[1], r[0], r[4]
             heappush(ready, r[4])  # its last token (or the timeout): then it sends again
             if r[4] > last_finish:
                 last_finish = r[4]
@@ -237,6 +246,35 @@ def simulate(
         if own_bar and bar is not None:
             bar.close()
     return sim.result()
+
+
+def _hotspot_seconds(sim: Simulator, arr, config: FleetConfig) -> float:
+    """Seconds (whole minutes) in which some copy's time-averaged in-flight count was above the
+    hotspot threshold (the stage alarm's ``hotspot_factor`` × the scaling target; the defaults
+    2 × 4 without autoscaling), from each request's interval in the in-flight count."""
+    import numpy as np
+
+    from prefix_routing.lab.autoscaling import AutoscalingSettings
+
+    if not len(arr):
+        return 0.0
+    settings = config.autoscaling or AutoscalingSettings()
+    threshold, period = settings.hotspot_factor * settings.target_per_copy, settings.period_s
+    where = np.frombuffer(sim.copy_of, dtype=np.int64) if sim.copy_of.itemsize == 8 else np.asarray(sim.copy_of)
+    ends = np.frombuffer(sim.ends, dtype=float)
+    edges = np.arange(0.0, float(ends.max()) + period, period)
+    hot = np.zeros(len(edges) - 1, dtype=bool)
+    for g in np.unique(where):
+        mine = where == g
+        times = np.concatenate([arr[mine], ends[mine]])
+        steps = np.concatenate([np.ones(int(mine.sum())), -np.ones(int(mine.sum()))])
+        order = np.argsort(times, kind="stable")
+        times, steps = times[order], steps[order]
+        level = np.cumsum(steps)  # in flight just after each event
+        area = np.concatenate([[0.0], np.cumsum(level[:-1] * np.diff(times))])  # ∫ in-flight up to each event
+        at_edges = np.interp(edges, times, area, left=0.0, right=float(area[-1]))
+        hot |= np.diff(at_edges) / period > threshold
+    return float(hot.sum() * period)
 
 
 def _result(sim: Simulator) -> SimResult:
@@ -287,11 +325,13 @@ def _result(sim: Simulator) -> SimResult:
         den = float(prompts[after & ~failed].sum())
         scaling["hit_rate_10min_after_scale_out"] = float(cached_arr[after].sum()) / den if den else None
     copy_hours = scaling["copy_hours"] if scaling else config.total_copies * max(span, 0.0) / 3600.0
+    hotspot_s = scaling["hotspot_seconds"] if scaling else _hotspot_seconds(sim, arr, config)
     return SimResult(
         strategy=config.strategy.value,
         config=config,
         requests=n,
         copy_hours=copy_hours,
+        hotspot_seconds=hotspot_s,
         autoscaling=scaling,
         hit_rate=hit,
         ttft=ttft.tolist(),

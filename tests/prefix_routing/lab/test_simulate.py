@@ -118,3 +118,24 @@ def test_closed_loop_rejects_a_speed_and_a_bad_user_count(mooncake_slice):
         lab.Simulator(FleetConfig(), speed=2.0, users=4)
     with pytest.raises(UserError, match="users=0: must be an integer from 1 to 100000"):
         lab.Simulator(FleetConfig(), users=0)
+
+
+def test_hotspot_seconds_of_a_fixed_fleet_count_the_minutes_a_copy_is_above_the_threshold():
+    from prefix_routing.lab.autoscaling import AutoscalingSettings
+    from prefix_routing.lab.simulate import Simulator, _hotspot_seconds
+    from prefix_routing.lab.workloads import LongContextSpec, long_context_workload
+
+    spec = LongContextSpec(duration_s=1800, load_step=(900.0, 3.0), instances=14)
+    trace = long_context_workload(spec, seed=0)
+    light = lab.simulate(trace.head(300), spec.fleet_config()).as_dict()
+    assert light["hotspot_seconds"] == 0  # a few requests on 14 copies: nobody near 8 in flight
+    overloaded = lab.simulate(trace, spec.fleet_config(instances=3)).as_dict()
+    assert overloaded["hotspot_seconds"] >= 600  # 3 copies after a 3x step: hot for the rest of the run
+    # The same measure as the autoscaler's own bookkeeping, computed afterwards from the requests.
+    config = lab.config_for_trace(spec.fleet_config(autoscaling=AutoscalingSettings(min_copies=2, max_copies=14)),
+                                  trace)
+    sim = Simulator(config)
+    sim.feed(trace)
+    result = sim.result()
+    import numpy as np
+    assert result.hotspot_seconds == _hotspot_seconds(sim, np.frombuffer(sim.arrivals, dtype=float), config) > 0
