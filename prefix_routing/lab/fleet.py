@@ -406,8 +406,19 @@ class Fleet:
         self._prompt[g] += prompt
         self._cached[g] += cached
         # Why not cached: judged against the caches as the request found them (lab/misses.py).
-        self.misses.book(blocks, g, m if slots is None else int(cached // self._bt), prompt, cached, self._bt,
-                         self._held_by)
+        # The common cases inline (the ledger's book() is the reference): nothing new, or all new.
+        held = m if slots is None else int(cached // self._bt)
+        if held < len(blocks):
+            misses = self.misses
+            rest = blocks[held:] if held else blocks
+            seen = misses.seen
+            if cached < prompt and (rest[0] in seen or misses.older):
+                misses.book(blocks, g, held, prompt, cached, self._bt, self._held_elsewhere)
+            else:  # the uncached part starts with a block never seen: chained ids, so all of it is new
+                misses.first_touch += prompt - cached
+                seen.update(rest)
+                if len(seen) > misses.limit:
+                    misses.older, misses.seen = seen, set()
 
         if slots is None:
             _touch(cache, blocks, m, self._infinite, self._cap_blocks)
@@ -415,11 +426,19 @@ class Fleet:
             slots.occupy(g, finish - self._ttft_overhead)  # the engine releases the slot at its finish
         return g, cached, first, tpot, finish, spilled, start
 
-    def _held_by(self, h: int, blocks) -> int:
-        """How many of ``blocks`` copy ``h`` holds (its cache, or its slots' sequences)."""
+    def _held_elsewhere(self, g: int, blocks) -> int:
+        """The most of ``blocks`` that a copy other than ``g`` holds (its cache, or its slots)."""
         if self._slots is None:
-            return sum(map(self._caches[h].__contains__, blocks))
-        return self._slots.held_prefix_blocks(h, blocks)
+            # Only copies that hold the first of them are counted: caches keep a chain from its
+            # first block on (the tail is evicted first), so the others hold little or none of it.
+            first, best = blocks[0], 0
+            for h, cache in enumerate(self._caches):
+                if h != g and first in cache:
+                    held = sum(map(cache.__contains__, blocks))
+                    if held > best:
+                        best = held
+            return best
+        return max((self._slots.held_prefix_blocks(h, blocks) for h in range(self.n) if h != g), default=0)
 
     def _kv_choose(self, blocks, prompt, now):
         """KV_AWARE: the lowest estimated wait + uncached prefill + load penalty (scan from a seeded copy)."""

@@ -9,7 +9,7 @@ routed (block ids are chained, and a copy caches a prompt's blocks from its firs
   client's bytes scattered them; the front door counts them as ``RekeyedRequests`` and logs
   ``rekeyed``); ``book`` takes the flag, but no trace reader passes it yet: 0 in the lab for now;
 - **routed away**: blocks another copy held when this one did not (a spill, a replica, another
-  strategy's choice): more leading blocks cached elsewhere than on the chosen copy;
+  strategy's choice): the most of them any other copy holds;
 - **evicted**: blocks seen before but held by no copy: the caches were too small (or the prompt's
   blocks were pushed out between its turns).
 
@@ -21,25 +21,24 @@ past the blocks seen before). With the llama.cpp slot policy the copies' holding
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from itertools import repeat
 from typing import Hashable
 
 
 class MissLedger:
     """The four classes' token totals over a simulation.
 
-    ``where`` maps every block seen to the copy that last used it: "seen before" is membership,
-    and "held elsewhere" asks only that copy (the likeliest holder: caches evict the least recently
-    used first), so judging a miss costs one more cache probe, not one per copy. Memory is bounded
-    by two generations of ``limit`` blocks: a block unseen for that long (many times what the whole
-    fleet caches) is forgotten, and if it comes back it counts as a first touch, not as evicted.
+    ``seen`` holds every block seen ("seen before" is membership, C-speed ``set.update``); where
+    a seen block is held now is asked of the copies only when a seen block was not cached, which a
+    prefix-aware fleet rarely meets. Memory is bounded by two generations of ``limit`` blocks: a
+    block unseen for that long (many times what the whole fleet caches) is forgotten, and if it
+    comes back it counts as a first touch, not as evicted.
     """
 
-    __slots__ = ("where", "older", "limit", "first_touch", "rekeyed", "routed_away", "evicted")
+    __slots__ = ("seen", "older", "limit", "first_touch", "rekeyed", "routed_away", "evicted")
 
     def __init__(self, limit: int = 2_000_000) -> None:
-        self.where: dict = {}  # this generation
-        self.older: dict = {}  # the one before
+        self.seen: set = set()  # this generation
+        self.older: set = set()  # the one before
         self.limit = limit
         self.first_touch = 0.0
         self.rekeyed = 0.0
@@ -47,17 +46,19 @@ class MissLedger:
         self.evicted = 0.0
 
     def _known(self, rest: Sequence[Hashable]) -> int:
-        where, older = self.where, self.older
-        known = sum(map(where.__contains__, rest))
+        seen, older = self.seen, self.older
+        known = sum(map(seen.__contains__, rest))
         if older and known < len(rest):
-            known += sum(1 for b in rest if b not in where and b in older)
+            known += sum(1 for b in rest if b not in seen and b in older)
         return known
 
     def book(self, blocks: Sequence[Hashable], g: int, m: int, prompt_tokens: float, cached_tokens: float,
-             block_tokens: float, held_by: Callable[[int, Sequence[Hashable]], int], rekeyed: bool = False) -> None:
-        """One served request on copy ``g``, which held its ``m`` leading blocks; ``held_by(h, rest)``
-        is how many of ``rest`` copy ``h`` holds (asked only when a seen block was not cached)."""
-        where = self.where
+             block_tokens: float, held_elsewhere: Callable[[int, Sequence[Hashable]], int],
+             rekeyed: bool = False) -> None:
+        """One served request on copy ``g``, which held its ``m`` leading blocks;
+        ``held_elsewhere(g, rest)`` is the most of ``rest`` any other copy holds (asked only when a
+        seen block was not cached)."""
+        seen = self.seen
         uncached_tokens = prompt_tokens - cached_tokens
         if uncached_tokens > 0:
             rest = blocks[m:] if m else blocks
@@ -71,13 +72,15 @@ class MissLedger:
                 self.first_touch += first
                 remaining = uncached_tokens - first
                 if remaining > 0:
-                    h = (where.get(rest[0]) if rest[0] in where else self.older.get(rest[0])) if rest else None
-                    away = min(remaining, held_by(h, rest) * block_tokens) if h is not None and h != g else 0.0
+                    away = min(remaining, held_elsewhere(g, rest) * block_tokens)
                     self.routed_away += away
                     self.evicted += remaining - away
-        where.update(zip(blocks, repeat(g)))
-        if len(where) > self.limit:
-            self.older, self.where = where, {}
+            seen.update(rest)
+        elif m < len(blocks):
+            seen.update(blocks[m:])
+        # (the m cached blocks were seen when they entered the cache)
+        if len(seen) > self.limit:
+            self.older, self.seen = seen, set()
 
     def as_dict(self) -> dict[str, float]:
         return {"first_touch": self.first_touch, "rekeyed": self.rekeyed, "routed_away": self.routed_away,

@@ -24,22 +24,22 @@ def test_new_blocks_are_first_touch_and_a_partial_last_block_counts_what_it_hold
     assert ledger.first_touch == 500
 
 
-def test_a_seen_block_held_by_the_copy_that_last_used_it_is_routed_away_else_evicted():
+def test_a_seen_block_another_copy_holds_is_routed_away_else_evicted():
     ledger = MissLedger()
-    ledger.book(["a", "b", "c"], 1, 0, 300, 0, 100, never_held)  # first seen on copy 1
-    # On copy 0 now: nothing cached there. Copy 1 still holds a and b (not c): 200 routed away,
-    # the rest (c was seen but is held nowhere we know of) evicted.
+    ledger.book(["a", "b", "c"], 1, 0, 300, 0, 100, never_held)  # first seen (on copy 1)
+    # On copy 0 now: nothing cached there. Another copy still holds a and b (not c): 200 routed
+    # away, the rest (c was seen but no copy holds it) evicted.
     asked = []
 
-    def held_by(h, rest):
-        asked.append((h, list(rest)))
+    def held_elsewhere(g, rest):
+        asked.append((g, list(rest)))
         return 2
 
-    ledger.book(["a", "b", "c"], 0, 0, 300, 0, 100, held_by)
-    assert asked == [(1, ["a", "b", "c"])]
+    ledger.book(["a", "b", "c"], 0, 0, 300, 0, 100, held_elsewhere)
+    assert asked == [(0, ["a", "b", "c"])]
     assert (ledger.routed_away, ledger.evicted, ledger.first_touch) == (200, 100, 300)
-    # Back on copy 1, which now holds none of it: the last user is copy 0 (asked), holding 0.
-    ledger.book(["a", "b", "c"], 1, 0, 300, 0, 100, lambda h, rest: 0 if h == 0 else 99)
+    # Again, and no other copy holds any of it now: all evicted.
+    ledger.book(["a", "b", "c"], 1, 0, 300, 0, 100, lambda g, rest: 0)
     assert ledger.evicted == 400
 
 
@@ -54,9 +54,9 @@ def test_memory_is_two_generations_and_a_forgotten_block_counts_as_first_touch()
     ledger = MissLedger(limit=3)
     ledger.book(["a", "b"], 0, 0, 200, 0, 100, never_held)
     ledger.book(["c", "d"], 0, 0, 200, 0, 100, never_held)  # 4 > 3: a generation ends
-    assert ledger.where == {} and set(ledger.older) == {"a", "b", "c", "d"}
+    assert ledger.seen == set() and ledger.older == {"a", "b", "c", "d"}
     ledger.book(["e", "f", "g", "h"], 0, 0, 400, 0, 100, never_held)  # the older generation goes
-    assert "a" not in ledger.older and "a" not in ledger.where
+    assert "a" not in ledger.older and "a" not in ledger.seen
     ledger.book(["a"], 0, 0, 100, 0, 100, never_held)
     assert ledger.first_touch == 900 and ledger.evicted == 0
 
