@@ -255,7 +255,7 @@ class FleetBackend:
 
     def _release(self, placement) -> None:
         with self._lock:
-            self.fleet.release(placement)
+            self.fleet.release(placement, self._now())
 
     def status(self) -> dict[str, Any]:
         with self._lock:

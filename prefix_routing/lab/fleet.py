@@ -292,13 +292,16 @@ class Fleet:
             self._next_start = pool.next_start(now)
         return retired
 
-    def release(self, placement: Placement) -> None:
+    def release(self, placement: Placement, now: float | None = None) -> None:
         """A request ended early (client went away): drop it from the in-flight count now.
 
         Its engine slot stays reserved until its modelled finish (the engine notices late too).
+        ``now``: when, for autoscaling's time-averaged concurrency.
         """
         g = placement.instance * self._copies + placement.copy
         entry = (placement.finish_s, g)
+        if self.pool is not None and now is not None:
+            self.pool.record(g, now, self._out[g])
         self._out[g] -= 1
         self._early[entry] = self._early.get(entry, 0) + 1
 
