@@ -49,6 +49,13 @@ def emulator(engines):
     server.stop()
 
 
+def runtime_client(server):
+    """boto3's own sagemaker-runtime client on the emulator: one attempt, time for a cold prefill."""
+    return boto3.client("sagemaker-runtime", endpoint_url=server.url, region_name="us-east-1",
+                        aws_access_key_id="t", aws_secret_access_key="t",
+                        config=Config(retries={"total_max_attempts": 1}, read_timeout=60))
+
+
 def chat(user: str, system: str = SYSTEM) -> bytes:
     return json.dumps({"messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
                        "max_tokens": 4, "stream": True}).encode()
@@ -56,9 +63,7 @@ def chat(user: str, system: str = SYSTEM) -> bytes:
 
 def test_boto3_streams_from_real_engines_and_a_repeated_prefix_is_cached_and_faster(emulator):
     config, server = emulator
-    client = boto3.client("sagemaker-runtime", endpoint_url=server.url, region_name="us-east-1",
-                          aws_access_key_id="t", aws_secret_access_key="t",
-                          config=Config(retries={"total_max_attempts": 1}, read_timeout=60))
+    client = runtime_client(server)
     runs = []
     for question in ("What is the first rule?", "What is the last rule?"):
         started = time.perf_counter()
@@ -85,9 +90,7 @@ def test_boto3_streams_from_real_engines_and_a_repeated_prefix_is_cached_and_fas
 
 def test_the_front_door_gets_the_engines_usage_through_the_emulator(emulator):
     config, server = emulator
-    client = boto3.client("sagemaker-runtime", endpoint_url=server.url, region_name="us-east-1",
-                          aws_access_key_id="t", aws_secret_access_key="t",
-                          config=Config(retries={"total_max_attempts": 1}, read_timeout=60))
+    client = runtime_client(server)
     invoker = frontdoor.Invoker(
         client,
         frontdoor.InvokeConfig(endpoint_name=config.endpoint_name, component_name=config.component_name,

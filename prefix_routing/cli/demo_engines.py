@@ -19,9 +19,8 @@ import json
 import math
 from dataclasses import dataclass, replace
 
-from prefix_routing.cli.demo_run import CaseResult, _stage, case_result
-from prefix_routing.lab import bodies
-from prefix_routing.lab.workloads import LongContextSpec, long_context_workload
+from prefix_routing.cli.demo_run import CaseResult, _stage, case_result, workload_items
+from prefix_routing.lab.workloads import LongContextSpec
 from prefix_routing.loadtest import BodyPreparer, SageMakerTarget, WorkItem, run_load, summarize
 from prefix_routing.rules.errors import UserError
 from prefix_routing.rules.settings import NormalizerSettings
@@ -44,19 +43,10 @@ class EngineDemoSpec:
 
 def engine_items(spec: EngineDemoSpec) -> list[WorkItem]:
     """The workload: uniform prefix choice, a unique suffix per request (chat bodies, prompt first)."""
-    block_tokens = 250
     workload = LongContextSpec(prefixes=spec.prefixes, prefix_tokens=spec.prefix_tokens,
                                suffix_tokens=spec.suffix_tokens, output_tokens=spec.output_tokens,
-                               rate_rps=1.0, duration_s=math.ceil(spec.requests * 1.5), block_tokens=block_tokens)
-    trace = long_context_workload(workload, seed=spec.seed)
-    prefix_blocks = spec.prefix_tokens // block_tokens
-    items = []
-    for i in range(min(spec.requests, len(trace))):
-        record = {"hash_ids": trace.blocks[i], "input_length": trace.prompt_tokens[i],
-                  "output_length": trace.output_tokens[i]}
-        body = bodies.chat_body(record, prefix_blocks, block_tokens=block_tokens)
-        items.append(WorkItem(i, bodies.serialize(body), trace.arrivals[i], f"engines:{i}"))
-    return items
+                               rate_rps=1.0, duration_s=math.ceil(spec.requests * 1.5), block_tokens=250)
+    return workload_items(workload, spec.requests, spec.seed, "engines")
 
 
 def run_engine_case(items: list[WorkItem], strategy: str, client: str, spec: EngineDemoSpec,

@@ -93,6 +93,12 @@ def conversation_workload(requests: int, speed: float, strategy: str) -> Workloa
 
 def long_context_items(requests: int, seed: int) -> list[WorkItem]:
     spec = LongContextSpec(prefixes=40, rate_rps=3.0, duration_s=math.ceil(requests / 3.0 * 1.5))
+    return workload_items(spec, requests, seed, "long-context")
+
+
+def workload_items(spec: LongContextSpec, requests: int, seed: int, label: str) -> list[WorkItem]:
+    """The first ``requests`` of a generated long-context workload as chat bodies (the shared
+    prefix as the system prompt, the suffix as the user turn), sourced ``<label>:<i>``."""
     trace = long_context_workload(spec, seed=seed)
     prefix_blocks = spec.prefix_tokens // spec.block_tokens
     items = []
@@ -100,7 +106,7 @@ def long_context_items(requests: int, seed: int) -> list[WorkItem]:
         record = {"hash_ids": trace.blocks[i], "input_length": trace.prompt_tokens[i],
                   "output_length": trace.output_tokens[i]}
         body = bodies.chat_body(record, prefix_blocks, block_tokens=spec.block_tokens)
-        items.append(WorkItem(i, bodies.serialize(body), trace.arrivals[i], f"long-context:{i}"))
+        items.append(WorkItem(i, bodies.serialize(body), trace.arrivals[i], f"{label}:{i}"))
     return items
 
 

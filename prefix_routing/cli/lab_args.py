@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from prefix_routing.lab.common import CANDIDATE_PREFIX_LENGTHS, CANDIDATE_THRESHOLDS
@@ -303,12 +304,6 @@ def replication_from_args(args) -> "ReplicationSettings | None":
         raise UserError(str(error)) from None
 
 
-def get_preset_copies(preset) -> int:
-    from prefix_routing.stage.presets import Preset, get_preset
-
-    return (preset if isinstance(preset, Preset) else get_preset(preset)).replicas
-
-
 def fleet_config_from_args(args, trace: Trace | None, spec: "LongContextSpec | None", **fixed) -> FleetConfig:
     """A FleetConfig from the flags; unset flags fall back to the workload's or the lab's defaults.
 
@@ -331,13 +326,13 @@ def fleet_config_from_args(args, trace: Trace | None, spec: "LongContextSpec | N
         "seed": args.seed,
     }
     values["replication"] = replication_from_args(args)
-    total = (values["instances"]) * (values["copies"] or get_preset_copies(values["preset"]))
-    values["autoscaling"] = autoscaling_from_args(args, total)
     for name in ("cache_policy", "slot_prompt_similarity", "cache_ram_mib"):
         flag = getattr(args, name if name != "cache_ram_mib" else "cache_ram", None)
         values[name] = flag if flag is not None else getattr(base, name)
     values.update(fixed)
-    return FleetConfig(**values)
+    config = FleetConfig(**values)
+    scaling = autoscaling_from_args(args, config.total_copies)  # up to the fleet's size, as built
+    return config if scaling is None else replace(config, autoscaling=scaling)
 
 
 def presets_table() -> str:

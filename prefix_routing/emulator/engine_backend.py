@@ -196,7 +196,7 @@ class EngineBackend:
         usage, ttft, failed, done = None, None, False, False
         try:
             for event in _sse_events(response):
-                payload = event[len(b"data:"):].strip() if event.startswith(b"data:") else b""
+                payload = _payload(event)
                 done = done or payload == b"[DONE]"
                 if payload and payload != b"[DONE]":
                     try:
@@ -253,6 +253,11 @@ def _sse_events(response) -> Iterator[bytes]:
             pending = b""
 
 
+def _payload(event: bytes) -> bytes:
+    """The data of one server-sent event (b"" for a comment or an event without data)."""
+    return event[len(b"data:"):].strip() if event.startswith(b"data:") else b""
+
+
 def _has_text(obj: dict) -> bool:
     for choice in obj.get("choices") or ():
         if isinstance(choice, dict) and ((choice.get("delta") or {}).get("content") or choice.get("text")):
@@ -265,7 +270,7 @@ def _whole(events: Iterator[bytes], *, chat: bool) -> Iterator[bytes]:
     text, head, usage, finish = [], {}, None, None
     try:
         for event in events:
-            payload = event[len(b"data:"):].strip() if event.startswith(b"data:") else b""
+            payload = _payload(event)
             if not payload or payload == b"[DONE]":
                 continue
             obj = json.loads(payload)

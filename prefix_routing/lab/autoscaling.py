@@ -125,7 +125,7 @@ class CopyPool:
         period = s.period_s
         for g in range(self.n):
             self.record(g, t, out[g])
-        serving = [g for g in range(self.n) if self.serving_from[g] <= t]
+        serving = self.serving(t)
         loads = [self.area[g] / period for g in range(self.n)]
         self.area = [0.0] * self.n
         provisioned = self.provisioned()
@@ -167,7 +167,7 @@ class CopyPool:
         self.next_tick = t + period
         return removed
 
-    def summary(self, span_s: float) -> dict:
+    def summary(self) -> dict:
         outs = [t for t, before, after in self.events if after > before]
         settled = outs[-1] + self.settings.startup_s if outs else 0.0  # the last scale-out's copies serve
         return {

@@ -315,7 +315,7 @@ def _result(sim: Simulator) -> SimResult:
     ]
     scaling = None
     if fleet.pool is not None:
-        scaling = fleet.pool.summary(span)
+        scaling = fleet.pool.summary()
         scaling["no_capacity_failures"] = fleet.no_capacity
         # The hit rate of the requests that arrive in the 10 minutes after each scale-out.
         after = np.zeros(n, dtype=bool)

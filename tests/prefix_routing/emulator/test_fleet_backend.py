@@ -248,9 +248,7 @@ def test_with_autoscaling_the_emulated_copies_scale_from_zero_on_the_first_refus
         backend.fleet.advance(clock["t"])
     assert backend.status()["copies"]["provisioned"] == 0
     with serve_runtime(backend) as server:
-        client = boto3.client("sagemaker-runtime", endpoint_url=server.url, region_name="us-east-1",
-                              aws_access_key_id="t", aws_secret_access_key="t",
-                              config=Config(retries={"total_max_attempts": 1}))
+        client = _client(server)
         body = json.dumps({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}).encode()
         with pytest.raises(client.exceptions.ValidationError, match="no capacity"):
             client.invoke_endpoint(EndpointName="ep", Body=body)
