@@ -51,19 +51,19 @@ def run(args) -> int:
     return 0
 
 
-SWEPT_SHARE_FACTORS = (0.25, 0.5, 1.0, 2.0)
+SWEPT_SHARE_FACTORS = (0.1, 0.25, 0.5, 1.0, 2.0)
 
 
 def replication_sweep(args) -> list:
-    """--replication on: off and a few target share factors (or the one given); else off only."""
-    from prefix_routing.rules.replication import ReplicationSettings
+    """Replication on (--replication on, or the stage's): off and a few target share factors (or
+    the one given), on the other settings given; else off only."""
+    from dataclasses import replace
 
-    lab_args.replication_from_args(args)  # the flags' own checks
-    if args.replication != "on":
+    settings = lab_args.replication_from_args(args)  # the flags' own checks
+    if settings is None:
         return [None]
-    factors = [args.replication_target_share] if args.replication_target_share else SWEPT_SHARE_FACTORS
-    replicas = args.replication_max_replicas or 16
-    return [None] + [ReplicationSettings(enabled=True, target_share_factor=f, max_replicas=replicas) for f in factors]
+    factors = [settings.target_share_factor] if args.replication_target_share else SWEPT_SHARE_FACTORS
+    return [None] + [replace(settings, target_share_factor=f) for f in factors]
 
 
 def render(result: dict, config) -> str:

@@ -161,6 +161,7 @@ REPLICATION_VARIABLES: Final = {
     "max_replicas": "REPLICATION_MAX_REPLICAS",
     "target_share_factor": "REPLICATION_TARGET_SHARE_FACTOR",
     "half_life_s": "REPLICATION_HALF_LIFE_S",
+    "min_requests": "REPLICATION_MIN_REQUESTS",
 }
 
 
@@ -173,6 +174,7 @@ def _replication(env: Mapping[str, str]) -> ReplicationSettings:
         "max_replicas": _number(env, V["max_replicas"], defaults.max_replicas, int),
         "target_share_factor": _number(env, V["target_share_factor"], defaults.target_share_factor),
         "half_life_s": _number(env, V["half_life_s"], defaults.half_life_s),
+        "min_requests": _number(env, V["min_requests"], defaults.min_requests),
     }
     try:
         return ReplicationSettings(**values)

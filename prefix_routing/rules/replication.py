@@ -14,7 +14,8 @@ against at least 32 recent requests' worth of weight, so that a quiet endpoint's
 not "hot". Memory
 is bounded by ``capacity`` fingerprints with the space-saving rule (Metwally et al., 2005): a new
 fingerprint takes the place of the smallest count and inherits it, so a count can overestimate but
-never miss a prefix whose share is above 1/capacity.
+never miss a prefix whose share is above 1/capacity. A prefix is split only once it has at least
+``min_requests`` recent requests (decayed the same way): evidence, not chance.
 
 The replica count of a fingerprint with share s on ``copies`` copies::
 
@@ -46,17 +47,21 @@ class ReplicationSettings:
     """``normalizer.replication`` of a stage. Validated on creation (ValueError names the field)."""
 
     enabled: bool = False
-    max_replicas: int = 4
-    target_share_factor: float = 2.0  # in fair shares (1/copies)
-    half_life_s: float = 60.0
+    max_replicas: int = 32
+    target_share_factor: float = 0.1  # in fair shares (1/copies)
+    half_life_s: float = 300.0
+    # Evidence before a prefix is split: at least this many recent (decayed) requests of it, so that
+    # the low share threshold of a small factor does not split cold prefixes by chance.
+    min_requests: float = 8.0
     capacity: int = 256  # fingerprints tracked
 
     def __post_init__(self) -> None:
         checks = (
             ("enabled", isinstance(self.enabled, bool), "true or false"),
             ("max_replicas", _int_in(self.max_replicas, 1, 64), "an integer from 1 to 64"),
-            ("target_share_factor", _number_in(self.target_share_factor, 0.1, 1000.0), "a number from 0.1 to 1000"),
+            ("target_share_factor", _number_in(self.target_share_factor, 0.01, 1000.0), "a number from 0.01 to 1000"),
             ("half_life_s", _number_in(self.half_life_s, 1.0, 86_400.0), "seconds from 1 to 86400"),
+            ("min_requests", _number_in(self.min_requests, 1.0, 10_000.0), "a number from 1 to 10000"),
             ("capacity", _int_in(self.capacity, 1, 1_000_000), "an integer from 1 to 1000000"),
         )
         for name, ok, allowed in checks:
@@ -133,7 +138,10 @@ class HotPrefixes:
 
     def assign(self, fingerprint: Hashable, now: float, copies: int) -> tuple[int, int]:
         """(replica index j, replica count k) for one request: counted, then replicas in turn."""
-        k = replica_count(self.observe(fingerprint, now), copies, self.settings)
+        share = self.observe(fingerprint, now)
+        if self._counts[fingerprint] < self.settings.min_requests * self._weight(now):
+            return 0, 1  # too few recent requests of it to call it hot
+        k = replica_count(share, copies, self.settings)
         if k == 1:
             return 0, 1
         turn = self._turns.get(fingerprint, 0)
@@ -145,7 +153,8 @@ class HotPrefixes:
         total = max(self._total, self._floor)
         if not total:
             return 0
-        return sum(replica_count(c / total, copies, self.settings) > 1 for c in self._counts.values())
+        least = self.settings.min_requests * self._floor / MIN_EVIDENCE_REQUESTS  # in the last request's weight
+        return sum(c >= least and replica_count(c / total, copies, self.settings) > 1 for c in self._counts.values())
 
 
 def _int_in(value, low: int, high: int) -> bool:

@@ -177,12 +177,13 @@ class ReplicationStageSettings(_Section):
     (``prefix_routing.rules.replication``; the function reads it from ``REPLICATION_*``)."""
 
     enabled: bool = False
-    max_replicas: int = Field(4, ge=1, le=64, description="the most replicas (PrefixAwareIds) one prefix gets")
+    max_replicas: int = Field(32, ge=1, le=64, description="the most replicas (PrefixAwareIds) one prefix gets")
     target_share_factor: float = Field(
-        2.0, ge=0.1, le=1000,
+        0.1, ge=0.01, le=1000,
         description="a prefix is replicated once it takes more than this many fair shares, 1/copies, of recent requests",
     )
-    half_life_s: float = Field(60.0, ge=1, le=86400, description="seconds after which a request counts half")
+    half_life_s: float = Field(300.0, ge=1, le=86400, description="seconds after which a request counts half")
+    min_requests: float = Field(8.0, ge=1, le=10000, description="recent requests of a prefix before it is replicated")
 
 
 class NormalizerFunctionSettings(_Section):

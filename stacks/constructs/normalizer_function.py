@@ -202,6 +202,7 @@ class NormalizerFunction(Construct):
                 "REPLICATION_MAX_REPLICAS": str(replication.max_replicas),
                 "REPLICATION_TARGET_SHARE_FACTOR": repr(float(replication.target_share_factor)),
                 "REPLICATION_HALF_LIFE_S": repr(float(replication.half_life_s)),
+                "REPLICATION_MIN_REQUESTS": repr(float(replication.min_requests)),
                 "COPIES_MIN": str(endpoint.copies_min),
                 "COPIES_MAX": str(endpoint.copies_max),
             },

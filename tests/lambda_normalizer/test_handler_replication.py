@@ -21,7 +21,8 @@ from tests.prefix_routing.frontdoor.conftest import KEY, config, sse_chunks, url
 
 
 def _config(enabled: bool = True, factor: float = 0.1, **overrides) -> frontdoor.InvokeConfig:
-    replication = ReplicationSettings(enabled=enabled, max_replicas=4, target_share_factor=factor)
+    replication = ReplicationSettings(enabled=enabled, max_replicas=4, target_share_factor=factor,
+                                      min_requests=1.0)  # replicated from the first request: k by hand
     return config(replication=replication, copies_min=4, copies_max=4, **overrides)
 
 

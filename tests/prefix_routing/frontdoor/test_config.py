@@ -69,10 +69,10 @@ def test_replication_and_copy_bounds_from_env():
     cfg = frontdoor.InvokeConfig.from_env({
         "ENDPOINT_NAME": "ep", "REPLICATION_ENABLED": "true", "REPLICATION_MAX_REPLICAS": "8",
         "REPLICATION_TARGET_SHARE_FACTOR": "1.5", "REPLICATION_HALF_LIFE_S": "30.0", "COPIES_MIN": "2",
-        "COPIES_MAX": "6",
+        "COPIES_MAX": "6", "REPLICATION_MIN_REQUESTS": "3",
     })
     assert cfg.replication == ReplicationSettings(enabled=True, max_replicas=8, target_share_factor=1.5,
-                                                  half_life_s=30.0)
+                                                  half_life_s=30.0, min_requests=3.0)
     assert (cfg.copies_min, cfg.copies_max) == (2, 6)
 
 
@@ -82,9 +82,10 @@ def test_replication_and_copy_bounds_from_env():
         ({"REPLICATION_ENABLED": "on"}, "REPLICATION_ENABLED: 'on' is not true or false"),
         ({"REPLICATION_MAX_REPLICAS": "0"}, "REPLICATION_MAX_REPLICAS: replication.max_replicas: got number 0"),
         ({"REPLICATION_MAX_REPLICAS": "2.5"}, "REPLICATION_MAX_REPLICAS: '2.5' is not a number"),
-        ({"REPLICATION_TARGET_SHARE_FACTOR": "0.01"}, "REPLICATION_TARGET_SHARE_FACTOR: replication.target_share_factor"),
+        ({"REPLICATION_TARGET_SHARE_FACTOR": "0.001"}, "REPLICATION_TARGET_SHARE_FACTOR: replication.target_share_factor"),
         ({"REPLICATION_TARGET_SHARE_FACTOR": "nan"}, "REPLICATION_TARGET_SHARE_FACTOR: replication.target_share_factor"),
         ({"REPLICATION_HALF_LIFE_S": "0"}, "REPLICATION_HALF_LIFE_S: replication.half_life_s"),
+        ({"REPLICATION_MIN_REQUESTS": "0.5"}, "REPLICATION_MIN_REQUESTS: replication.min_requests: got number 0.5"),
         ({"COPIES_MIN": "-1"}, "COPIES_MIN"),
         ({"COPIES_MIN": "3", "COPIES_MAX": "2"}, "COPIES_MAX"),
         ({"COPIES_MAX": "many"}, "COPIES_MAX"),

@@ -31,7 +31,8 @@ OTHER_BODY = json.dumps(dict(CHAT, messages=[{"role": "user", "content": "a diff
 
 def replicating(factor: float = 0.1, *, enabled: bool = True, copies_min: int = 4, copies_max: int | None = 4,
                 **overrides) -> frontdoor.InvokeConfig:
-    settings = ReplicationSettings(enabled=enabled, max_replicas=4, target_share_factor=factor, half_life_s=60.0)
+    settings = ReplicationSettings(enabled=enabled, max_replicas=4, target_share_factor=factor, half_life_s=60.0,
+                                   min_requests=1.0)  # replicated from the first request: k by hand
     return config(replication=settings, copies_min=copies_min, copies_max=copies_max, **overrides)
 
 

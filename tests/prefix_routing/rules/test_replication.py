@@ -143,3 +143,30 @@ def test_a_prefix_that_cools_down_loses_its_replicas():
     for t in range(2400):
         hot.assign(t % 40, 5.0 + t * 0.25, copies=8)
     assert hot.assign("hot", 700.0, copies=8) == (0, 1)
+
+
+def test_a_prefix_needs_min_requests_before_it_is_replicated():
+    settings = ReplicationSettings(max_replicas=32, target_share_factor=0.1, min_requests=8.0)
+    hot = HotPrefixes(settings)
+    assigned = [hot.assign("hot", 0.0, copies=8) for _ in range(9)]
+    # Alone at one instant, n requests hold n/32 of the traffic (the evidence floor). Without the
+    # guard the first would get k = ceil(8 × 1/32 ÷ 0.1) = 3; with it the first 7 stay at k = 1,
+    # the 8th gets k = ceil(8 × 8/32 ÷ 0.1) = 20 (turn 0) and the 9th ceil(22.5) = 23 (turn 1).
+    assert assigned[:7] == [(0, 1)] * 7
+    assert assigned[7:] == [(0, 20), (1, 23)]
+    assert hot.hot(8) == 1
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_uniform_traffic_replicates_nothing_with_the_default_settings(seed):
+    # The lab's long-context workload without skew: 450 prefixes at 3 requests per second on 7 copies.
+    # Each has 1/450 of the traffic, a sixth of the 0.1 fair shares (1.4 %) that would split it;
+    # its recent count (about 3 in a 300 s half-life) stays below that and below min_requests.
+    import random
+
+    rng = random.Random(seed)
+    hot, t = HotPrefixes(ReplicationSettings()), 0.0
+    for _ in range(10_000):
+        t += rng.expovariate(3.0)
+        assert hot.assign(rng.randrange(450), t, copies=7) == (0, 1)
+    assert hot.hot(7) == 0

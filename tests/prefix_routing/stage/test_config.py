@@ -161,13 +161,15 @@ def test_readme_configuration_reference_lists_every_field():
         ("max_replicas", 65, "normalizer.replication.max_replicas = 65: allowed: from 1 to 64"),
         ("max_replicas", 2.0, "normalizer.replication.max_replicas = 2.0: Input should be a valid integer"),
         ("max_replicas", "4", "normalizer.replication.max_replicas = '4': Input should be a valid integer"),
-        ("target_share_factor", 0.05, "normalizer.replication.target_share_factor = 0.05: allowed: from 0.1 to 1000"),
-        ("target_share_factor", 1001, "normalizer.replication.target_share_factor = 1001: allowed: from 0.1 to 1000"),
-        ("target_share_factor", float("nan"), "normalizer.replication.target_share_factor = nan: allowed: from 0.1"),
+        ("target_share_factor", 0.005, "normalizer.replication.target_share_factor = 0.005: allowed: from 0.01 to 1000"),
+        ("target_share_factor", 1001, "normalizer.replication.target_share_factor = 1001: allowed: from 0.01 to 1000"),
+        ("target_share_factor", float("nan"), "normalizer.replication.target_share_factor = nan: allowed: from 0.01"),
         ("target_share_factor", "2", "normalizer.replication.target_share_factor = '2': Input should be a valid number"),
         ("half_life_s", 0.5, "normalizer.replication.half_life_s = 0.5: allowed: from 1 to 86400"),
         ("half_life_s", 86401, "normalizer.replication.half_life_s = 86401: allowed: from 1 to 86400"),
         ("half_life_s", True, "normalizer.replication.half_life_s = True: Input should be a valid number"),
+        ("min_requests", 0.5, "normalizer.replication.min_requests = 0.5: allowed: from 1 to 10000"),
+        ("min_requests", "8", "normalizer.replication.min_requests = '8': Input should be a valid number"),
         ("half_lfe_s", 60, "normalizer.replication.half_lfe_s: unknown key (a typo?)"),
         ("capacity", 64, "normalizer.replication.capacity: unknown key (a typo?)"),  # not a stage setting
     ],
@@ -182,7 +184,7 @@ def test_replication_mistake_is_named_with_value_and_what_is_allowed(field, valu
 def test_replication_defaults_and_a_stage_file(tmp_path):
     replication = load_stage().normalizer.replication
     assert (replication.enabled, replication.max_replicas, replication.target_share_factor,
-            replication.half_life_s) == (False, 4, 2.0, 60.0)
+            replication.half_life_s, replication.min_requests) == (False, 32, 0.1, 300.0, 8.0)
     (tmp_path / "hot.toml").write_text(
         '[model]\nframework = "vllm"\nimage_repository = "vllm"\nimage_tag = "v1"\nmodel_id = "m/m"\n'
         '[endpoint]\ninstance_type = "ml.g6e.xlarge"\ninstances_min = 2\ninstances_max = 3\ncopies_min = 2\n'
@@ -191,7 +193,8 @@ def test_replication_defaults_and_a_stage_file(tmp_path):
     )
     stage = load_stage("hot", config_dir=tmp_path)
     assert stage.normalizer.replication.model_dump() == {"enabled": True, "max_replicas": 8,
-                                                         "target_share_factor": 3.0, "half_life_s": 30.0}
+                                                         "target_share_factor": 3.0, "half_life_s": 30.0,
+                                                         "min_requests": 8.0}
     assert stage.warnings == []
     (tmp_path / "typo.toml").write_text((tmp_path / "hot.toml").read_text().replace("max_replicas = 8", "max_replicas = 99"))
     with pytest.raises(ConfigError, match=r"typo.toml: normalizer.replication.max_replicas = 99: allowed: from 1 to 64"):
