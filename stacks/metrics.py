@@ -51,6 +51,19 @@ class NormalizerMetrics:
     def upstream_errors(self) -> cloudwatch.Metric:
         return self._metric(telemetry.UPSTREAM_ERRORS, "Sum", "failed upstream")
 
+    def rekeyed_requests(self) -> cloudwatch.Metric:
+        """Requests whose own first PrefixLength bytes would have keyed routing elsewhere (re-keyed)."""
+        return self._metric(telemetry.REKEYED_REQUESTS, "Sum", "re-keyed requests")
+
+    def rekeyed_percent(self) -> cloudwatch.MathExpression:
+        """Re-keyed requests as a % of the requests sent on: the misses the front door prevents."""
+        return cloudwatch.MathExpression(
+            expression="100 * rekeyed / requests",
+            using_metrics={"rekeyed": self.rekeyed_requests(), "requests": self.requests()},
+            label="re-keyed (% of requests)",
+            period=ONE_MINUTE,
+        )
+
     def copies(self) -> list[cloudwatch.Metric]:
         """Desired and current copies, as the front door samples DescribeInferenceComponent once a minute."""
         return [self._metric(telemetry.DESIRED_COPIES, "Maximum", "copies desired"),

@@ -6,6 +6,7 @@ import math
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prefix_routing.lab.common import CANDIDATE_PREFIX_LENGTHS, CANDIDATE_THRESHOLDS
 from prefix_routing.lab.fleet_config import FleetConfig
@@ -14,6 +15,10 @@ from prefix_routing.lab.slot_cache import CACHE_POLICIES, CACHE_RAM_MIB, LLAMACP
 from prefix_routing.lab.traces import Trace
 from prefix_routing.lab.workloads import WORKLOADS, LongContextSpec
 from prefix_routing.rules.errors import UserError
+
+if TYPE_CHECKING:
+    from prefix_routing.lab.autoscaling import AutoscalingSettings
+    from prefix_routing.rules.replication import ReplicationSettings
 
 # Shared by cli/analyze.py, simulate.py and tune.py (argparse only; no behaviour of its own).
 
@@ -146,13 +151,16 @@ def add_fleet_arguments(parser, *, grid: bool) -> None:
     parser.add_argument("--cache-policy", choices=CACHE_POLICIES, help="the engines' cache: vllm-blocks (an LRU of blocks; default) or llamacpp-slots (llama-server: one sequence per slot, the preset's max_num_seqs slots sharing --cache-tokens, and --cache-ram)")
     parser.add_argument("--slot-prompt-similarity", type=_similarity, metavar="F", help=f"llamacpp-slots: llama-server's --slot-prompt-similarity (default {SLOT_PROMPT_SIMILARITY:.2f}; 0 = off)")
     parser.add_argument("--cache-ram", type=_cache_ram, metavar="MIB", help=f"llamacpp-slots: llama-server's --cache-ram, MiB of saved slot states per copy (default {CACHE_RAM_MIB:.0f}; 0 = off, -1 = no limit)")
-    parser.add_argument("--autoscaling", choices=("off", "on"), default="off", help="copy autoscaling: target tracking on concurrent requests per copy, up to instances × copies (default off)")
+    parser.add_argument("--stage", metavar="NAME", help="model the stage's endpoint (config/NAME.toml, or default): its instance type and model, "
+                        "instances_max × copies, PrefixLength, ConcurrencyThreshold, and its replication and copy autoscaling "
+                        "unless --replication or --autoscaling says otherwise; other flags override")
+    parser.add_argument("--autoscaling", choices=("off", "on"), help="copy autoscaling: target tracking on concurrent requests per copy, up to instances × copies (default off, or the stage's with --stage)")
     parser.add_argument("--autoscaling-target", type=_positive_float("--autoscaling-target"), metavar="C", help="concurrent requests per copy to track (default 4, the stage default)")
     parser.add_argument("--autoscaling-min", type=_ranged_int("--autoscaling-min", 0, 10_000), metavar="N", help="fewest copies (default 1; 0 scales to zero)")
     parser.add_argument("--copy-startup-s", type=_positive_float("--copy-startup-s"), metavar="S", help="seconds before a new copy serves (default 300, an assumption)")
-    parser.add_argument("--replication", choices=("off", "on"), default="off", help="PREFIX_AWARE: the front door gives hot prefixes k replicas (<id>-r<j>; default off)")
-    parser.add_argument("--replication-target-share", type=_positive_float("--replication-target-share"), metavar="F", help="replicate a prefix above F fair shares (1/copies) of recent requests (default 2)")
-    parser.add_argument("--replication-max-replicas", type=_ranged_int("--replication-max-replicas", 1, 64), metavar="K", help="at most K replicas per prefix (default 4)")
+    parser.add_argument("--replication", choices=("off", "on"), help="PREFIX_AWARE: the front door gives hot prefixes k replicas (<id>-r<j>; default off, or the stage's with --stage)")
+    parser.add_argument("--replication-target-share", type=_positive_float("--replication-target-share"), metavar="F", help="replicate a prefix above F fair shares (1/copies) of recent requests (default 0.1)")
+    parser.add_argument("--replication-max-replicas", type=_ranged_int("--replication-max-replicas", 1, 64), metavar="K", help="at most K replicas per prefix (default 32)")
     parser.add_argument("--preset", metavar="NAME", help="instance × model preset (default p5.48xlarge-llama3.1-70b); 'list' lists them")
     parser.add_argument("--preset-file", metavar="FILE", help="a preset file measured on a real engine (`calibrate --out FILE`) instead of --preset")
     parser.add_argument("--speed", type=_positive_float("--speed"), default=1.0, metavar="F", help="replay F times faster than the trace (default 1)")
@@ -266,40 +274,67 @@ def _load_step(text: str) -> tuple[float, float]:
     return value
 
 
+def stage_from_args(args):
+    """The ``--stage`` stage (None without the flag), loaded once per run."""
+    name = getattr(args, "stage", None)
+    if not name:
+        return None
+    cached = getattr(args, "_stage_config", None)
+    if cached is None or cached.name != name:
+        from prefix_routing.cli.stages import load_stage_arg
+
+        cached = load_stage_arg(name)
+        args._stage_config = cached
+    return cached
+
+
 def autoscaling_from_args(args, total_copies: int) -> "AutoscalingSettings | None":
-    """--autoscaling on: target tracking up to instances × copies (the fleet's size)."""
+    """--autoscaling on: target tracking up to instances × copies (the fleet's size); with --stage
+    and no --autoscaling, the stage's copy autoscaling when its copy bounds leave room to scale."""
     from prefix_routing.lab.autoscaling import AutoscalingSettings
+    from prefix_routing.lab.stage_fleet import autoscaling_for_stage
 
     given = [flag for flag, value in (("--autoscaling-target", getattr(args, "autoscaling_target", None)),
                                       ("--autoscaling-min", getattr(args, "autoscaling_min", None)),
                                       ("--copy-startup-s", getattr(args, "copy_startup_s", None))) if value is not None]
-    if getattr(args, "autoscaling", "off") != "on":
+    stage = stage_from_args(args)
+    mode = getattr(args, "autoscaling", None)
+    if mode is None and stage is not None:
+        mode = "on" if stage.endpoint.copies_min < stage.endpoint.copies_max else "off"
+    if mode != "on":
         if given:
-            raise UserError(f"{given[0]} needs --autoscaling on")
+            raise UserError(f"{given[0]} needs --autoscaling on" + (f" (stage {stage.name} has fixed copies)" if stage else ""))
         return None
-    options = {"max_copies": total_copies}
+    base = autoscaling_for_stage(stage) if stage is not None else AutoscalingSettings(max_copies=total_copies)
+    options = {"max_copies": min(base.max_copies, total_copies) if stage is not None else total_copies}
     for name in ("autoscaling_target", "autoscaling_min", "copy_startup_s"):
         value = getattr(args, name, None)
         if value is not None:
             options[{"autoscaling_target": "target_per_copy", "autoscaling_min": "min_copies",
                      "copy_startup_s": "startup_s"}[name]] = value
-    return AutoscalingSettings(**options)
+    options["min_copies"] = min(options.get("min_copies", base.min_copies), options["max_copies"])
+    return replace(base, **options)
 
 
 def replication_from_args(args) -> "ReplicationSettings | None":
-    """--replication on with its settings; the settings flags without it are an error."""
+    """--replication on with its settings (on the stage's with --stage); the settings flags without
+    it are an error. With --stage and no --replication: the stage's, when it enables it."""
+    from prefix_routing.lab.stage_fleet import replication_for_stage
     from prefix_routing.rules.replication import ReplicationSettings
 
     options = {"target_share_factor": getattr(args, "replication_target_share", None),
                "max_replicas": getattr(args, "replication_max_replicas", None)}
     options = {k: v for k, v in options.items() if v is not None}
-    if getattr(args, "replication", "off") != "on":
+    stage = stage_from_args(args)
+    base = replication_for_stage(stage) if stage is not None else ReplicationSettings()
+    mode = getattr(args, "replication", None) or ("on" if base.enabled else "off")
+    if mode != "on":
         if options:
             raise UserError(f"--replication-{'target-share' if 'target_share_factor' in options else 'max-replicas'}"
-                            " needs --replication on")
+                            " needs --replication on" + (f" (stage {stage.name} has it off)" if stage else ""))
         return None
     try:
-        return ReplicationSettings(enabled=True, **options)
+        return replace(base, enabled=True, **options)
     except ValueError as error:
         raise UserError(str(error)) from None
 
@@ -312,10 +347,18 @@ def fleet_config_from_args(args, trace: Trace | None, spec: "LongContextSpec | N
     if spec is None and trace is None and getattr(args, "workload", None):
         spec = WORKLOADS[args.workload][0]()
     base = spec.fleet_config() if spec else FleetConfig()
+    stage = stage_from_args(args)
+    if stage is not None:  # the stage's endpoint, unless a flag says otherwise
+        from prefix_routing.lab.stage_fleet import stage_fleet_values
+
+        staged = stage_fleet_values(stage)
+        base = replace(base, **{k: v for k, v in staged.items() if k != "copies"})
+    preset = _preset_from_args(args) or args.preset
+    staged_copies = staged["copies"] if stage is not None and not preset else None
     values = {
         "instances": args.instances or base.instances,
-        "copies": args.copies,
-        "preset": _preset_from_args(args) or args.preset or (base.preset.name),
+        "copies": args.copies or staged_copies,
+        "preset": preset or base.preset,
         "prefix_length": base.prefix_length,
         "concurrency_threshold": base.concurrency_threshold,
         "cache_tokens": args.cache_tokens if args.cache_tokens is not None else base.cache_tokens,

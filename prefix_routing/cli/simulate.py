@@ -26,6 +26,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--users", type=lab_args._ranged_int("--users", 1, 100_000), metavar="U",
                         help="closed loop: U clients, each sending the trace's next request when its last one has "
                         "finished, instead of the trace's arrival times (how AWS's benchmark runs)")
+    parser.add_argument("--as-sent", action="store_true",
+                        help="raw bodies (--format bodies): route on the bytes as the clients sent them, as with no "
+                        "front door; the misses of requests whose bytes key differently count as 're-keyed'")
 
 
 def run(args) -> int:
@@ -43,7 +46,11 @@ def run(args) -> int:
     trace, spec = lab_args.load_from_args(args)
     config = lab_args.fleet_config_from_args(args, trace, spec, **fixed)
     strategies = list(dict.fromkeys(args.strategy or DEFAULT_STRATEGIES))
-    results = lab.simulate_many(trace, config, strategies, speed=args.speed, progress=args.progress, users=args.users)
+    if args.as_sent and not trace.raw_keys:
+        raise UserError(f"--as-sent routes raw request bodies on their own bytes; {trace.source} is not raw bodies "
+                        "(--format bodies)")
+    results = lab.simulate_many(trace, config, strategies, speed=args.speed, progress=args.progress, users=args.users,
+                                as_sent=args.as_sent)
     out = lab_args.plot_dir(args, "simulate")
     plots = [str(p) for p in lab.plot_simulation(results, out)] if out else []
     if args.json:
@@ -90,6 +97,11 @@ def fleet_dict(config, speed: float) -> dict:
     }
 
 
+def _miss_share(name: str):
+    """A table cell: the uncached tokens of one cause (lab/misses.py) as a share of prompt tokens."""
+    return lambda r: f"{r.misses.get(name, 0.0) / (sum(r.instance_prompt_tokens) or 1):.1%}"
+
+
 def table(results) -> str:
     rows = [
         ("hit rate (tokens)", lambda r: f"{r.hit_rate:.1%}"),
@@ -99,6 +111,8 @@ def table(results) -> str:
         ("output tokens/s", lambda r: f"{r.throughput_tok_s:,.0f}"),
         ("max/mean requests", lambda r: f"{r.max_mean_requests:.2f}"),
         ("max/mean tokens", lambda r: f"{r.max_mean_tokens:.2f}"),
+        *[(f"miss: {label}", _miss_share(name)) for name, label in
+          (("first_touch", "first touch"), ("rekeyed", "re-keyed"), ("routed_away", "routed away"), ("evicted", "evicted"))],
         ("spills", lambda r: f"{r.spills:,}"),
         ("timeouts", lambda r: f"{r.timeouts:,}"),
     ]

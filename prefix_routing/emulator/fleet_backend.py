@@ -23,76 +23,26 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from prefix_routing.emulator.backend import BackendResponse, ErrorReply
 from prefix_routing.emulator.chat import chat_response, parse_chat_request
 from prefix_routing.emulator.protocol import OP_CHAT_COMPLETIONS, RuntimeRequest
-from prefix_routing.lab.autoscaling import AutoscalingSettings
 from prefix_routing.lab.fleet import Fleet, Request
 from prefix_routing.lab.fleet_config import FleetConfig
+# Re-exported: the emulator's callers and tests know them from here.
+from prefix_routing.lab.stage_fleet import autoscaling_for_stage, preset_for_stage, stage_fleet_values  # noqa: F401
 from prefix_routing.rules.errors import UserError
 from prefix_routing.rules.identity import block_hashes
 from prefix_routing.rules.openai_path import routing_id as openai_routing_id, routing_prefix
 from prefix_routing.stage.config import StageConfig
-from prefix_routing.stage.presets import INSTANCES, PRESETS, Preset
+from prefix_routing.stage.presets import Preset
 
 BYTES_PER_TOKEN = 4.0
 BLOCK_BYTES = 64  # 16 tokens: vLLM's KV block (and the size of a SHA-512 digest, the salt block)
-
-
-def preset_for_stage(config: StageConfig) -> Preset:
-    """The lab preset of the stage's instance type, model size and tensor-parallel degree.
-
-    A copy's speed and cache depend on its GPUs, not on how many share the host: with no preset for
-    the exact instance type, one with the same GPU, model and TP is re-homed to the stage's type.
-    """
-    size = re.search(r"(\d+)\s*[bB]\b", config.model.model_id or config.model.model_s3_uri or "")
-    instance = INSTANCES.get(config.endpoint.instance_type)
-    candidates = [
-        preset
-        for preset in PRESETS.values()
-        if preset.tp == config.model.tensor_parallel_degree
-        and size is not None
-        and preset.model.name.lower().endswith(f" {size.group(1)}b")
-        and instance is not None
-        and preset.instance.gpu == instance.gpu
-    ]
-    for preset in candidates:
-        if preset.instance == instance:
-            return preset
-    if candidates:
-        preset = candidates[0]
-        return replace(
-            preset,
-            name=f"{instance.name.removeprefix('ml.')}-{preset.name.split('-', 1)[1]} (from {preset.name})",
-            instance=instance,
-            replicas=instance.gpus // preset.tp,
-        )
-    raise UserError(
-        f"stage {config.name!r}: no lab preset for {config.endpoint.instance_type} with "
-        f"{config.model.model_id or config.model.model_s3_uri} at TP {config.model.tensor_parallel_degree}; "
-        f"pass --preset (one of {', '.join(PRESETS)})"
-    )
-
-
-def autoscaling_for_stage(config: StageConfig, startup_s: float | None = None) -> AutoscalingSettings:
-    """The stage's copy autoscaling (``[scaling]``, the endpoint's copy bounds, the hotspot alarm's
-    factor), as the stacks deploy it (``stacks/constructs/copy_autoscaling.py``)."""
-    scaling, endpoint = config.scaling, config.endpoint
-    return AutoscalingSettings(
-        target_per_copy=scaling.target_concurrent_requests_per_copy,
-        min_copies=endpoint.copies_min,
-        max_copies=endpoint.copies_max,
-        scale_out_cooldown_s=scaling.scale_out_cooldown_s,
-        scale_in_cooldown_s=scaling.scale_in_cooldown_s,
-        hotspot_factor=config.alarms.hotspot_factor,
-        **({} if startup_s is None else {"startup_s": startup_s}),
-    )
 
 
 def fleet_config_for_stage(
@@ -101,20 +51,16 @@ def fleet_config_for_stage(
 ) -> FleetConfig:
     """The endpoint at its maximum size, routed as the stage routes it; with ``autoscaling`` the
     copies scale within the stage's bounds as its target tracking would scale them."""
-    chosen = preset or preset_for_stage(config)
-    routing = config.routing
+    values = stage_fleet_values(config)
+    if preset is not None:  # another preset: its own copies per instance
+        values.update(preset=preset, copies=None)
     return FleetConfig(
-        instances=config.endpoint.instances_max,
-        copies=config.copies_per_instance if preset is None else None,
-        strategy=routing.strategy,
-        # RANDOM and LEAST_OUTSTANDING_REQUESTS ignore these; the fleet still wants valid values.
-        prefix_length=routing.prefix_length or 4096,
-        concurrency_threshold=routing.concurrency_threshold or 1024,
+        **values,
+        strategy=config.routing.strategy,
         cache_tokens=cache_tokens,
         bytes_per_token=BYTES_PER_TOKEN,
         block_tokens=BLOCK_BYTES / BYTES_PER_TOKEN,
         block_bytes=BLOCK_BYTES,
-        preset=chosen,
         seed=seed,
         autoscaling=autoscaling_for_stage(config) if autoscaling else None,
     )

@@ -121,7 +121,7 @@ from prefix_routing.lab.engine_model import EngineModel
 from prefix_routing.lab.fleet_config import FleetConfig
 from prefix_routing.lab.fleet_stats import CopyStats, instance_totals
 from prefix_routing.lab.latency import LatencyModel
-from prefix_routing.lab.misses import MissLedger
+from prefix_routing.lab.misses import ClientKey, MissLedger
 from prefix_routing.lab.routing import _KV_AWARE, ROUTING_OVERHEAD_S, Router, Strategy, routing_key
 from prefix_routing.lab.slot_cache import VLLM_BLOCKS, SlotCache
 from prefix_routing.rules.errors import UserError
@@ -372,7 +372,7 @@ class Fleet:
             if hot is not None:  # the front door's PrefixAwareId <id>-r<j>: another key for the router
                 j = hot.assign(key, now, n)[0]
                 if j:
-                    key = (_REPLICA, j, key)
+                    key = (_REPLICA, j, key) if key.__class__ is not ClientKey else ClientKey((_REPLICA, j, key))
                     self.replicated += 1
             g, spilled = self._choose(key, out)
             if g < 0:  # autoscaling: no copy serving; SageMaker fails it (NoCapacityInvocationFailures)
@@ -415,8 +415,9 @@ class Fleet:
             misses = self.misses
             rest = blocks[held:] if held else blocks
             seen = misses.seen
-            if cached < prompt and (rest[0] in seen or misses.older):
-                misses.book(blocks, g, held, prompt, cached, self._bt, self._held_elsewhere)
+            if cached < prompt and (rest[0] in seen or misses.older or key.__class__ is ClientKey):
+                misses.book(blocks, g, held, prompt, cached, self._bt, self._held_elsewhere,
+                            key.__class__ is ClientKey)
             else:  # the uncached part starts with a block never seen: chained ids, so all of it is new
                 misses.first_touch += prompt - cached
                 seen.update(rest)

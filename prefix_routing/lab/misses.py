@@ -5,9 +5,10 @@ routed (block ids are chained, and a copy caches a prompt's blocks from its firs
 "cached on copy h" is the number of leading blocks h holds):
 
 - **first touch**: blocks no request of the workload had before: no routing could have cached them;
-- **re-keyed**: requests whose raw body keyed routing differently from the normalized body (the
-  client's bytes scattered them; the front door counts them as ``RekeyedRequests`` and logs
-  ``rekeyed``); ``book`` takes the flag, but no trace reader passes it yet: 0 in the lab for now;
+- **re-keyed**: requests routed on the client's own bytes (``simulate --as-sent`` on raw bodies:
+  no front door), where those bytes keyed routing differently from the normalized body (their key
+  is a :class:`ClientKey`; the front door counts such requests as ``RekeyedRequests`` and logs
+  ``rekeyed``); behind a front door they are re-keyed and this class is 0;
 - **routed away**: blocks another copy held when this one did not (a spill, a replica, another
   strategy's choice): the most of them any other copy holds;
 - **evicted**: blocks seen before but held by no copy: the caches were too small (or the prompt's
@@ -22,6 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Hashable
+
+
+class ClientKey(tuple):
+    """A routing key made of the client's own bytes, which the normalized body would have keyed
+    differently: the fleet books the misses of a request routed on one as re-keyed."""
+
+    __slots__ = ()
 
 
 class MissLedger:

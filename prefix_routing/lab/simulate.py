@@ -43,6 +43,8 @@ class SimResult:
     wall_s: float = 0.0
     extra: dict = field(default_factory=dict)
     replicated_requests: int = 0  # sent to a replica j > 0 of a hot prefix (replication on)
+    rekeyed_requests: int | None = None  # client bytes keyed differently (None: the trace cannot tell)
+    as_sent: bool = False  # routed on the clients' own bytes (no front door)
     misses: dict = field(default_factory=dict)  # uncached tokens by cause (lab/misses.py)
     copy_hours: float = 0.0  # provisioned copies × time (the cost), first arrival to last token
     hotspot_seconds: float = 0.0  # minutes any copy's mean in-flight count was above the hotspot threshold
@@ -66,6 +68,8 @@ class SimResult:
             "spills": self.spills,
             "timeouts": self.timeouts,
             "misses": self.misses,
+            **({"rekeyed_requests": self.rekeyed_requests, "as_sent": self.as_sent}
+               if self.rekeyed_requests is not None else {}),
             "copy_hours": self.copy_hours,
             "hotspot_seconds": self.hotspot_seconds,
             **({"autoscaling": self.autoscaling} if self.autoscaling is not None else {}),
@@ -80,7 +84,8 @@ class SimResult:
                 "cache_ram_mib": cfg.cache_ram_mib} if cfg.cache_policy == LLAMACPP_SLOTS else {}),
             **({"replication": {"target_share_factor": cfg.replication.target_share_factor,
                                 "max_replicas": cfg.replication.max_replicas,
-                                "half_life_s": cfg.replication.half_life_s},
+                                "half_life_s": cfg.replication.half_life_s,
+                                "min_requests": cfg.replication.min_requests},
                 "replicated_requests": self.replicated_requests} if cfg.replicating else {}),
             "wall_s": self.wall_s,
         }
@@ -93,11 +98,18 @@ def config_for_trace(config: FleetConfig, trace: Trace) -> FleetConfig:
     return replace(config, block_tokens=trace.block_tokens, block_bytes=trace.block_bytes)
 
 
-def trace_keys(trace: Trace, k: int) -> list:
+def trace_keys(trace: Trace, k: int, as_sent: bool = False) -> list:
+    """Each request's PREFIX_AWARE key; ``as_sent``: a re-keyed raw body's own bytes instead."""
     ids = trace.routing_ids
     if ids:
-        return [routing_key(b, k, rid) for b, rid in zip(trace.blocks, ids)]
-    return [routing_key(b, k) for b in trace.blocks]
+        keys = [routing_key(b, k, rid) for b, rid in zip(trace.blocks, ids)]
+    else:
+        keys = [routing_key(b, k) for b in trace.blocks]
+    if as_sent:
+        if not trace.raw_keys:
+            raise UserError(f"{trace.source}: routing as sent needs raw request bodies (--format bodies)")
+        keys = [key if raw is None else raw for key, raw in zip(keys, trace.raw_keys)]
+    return keys
 
 
 class Simulator:
@@ -133,15 +145,22 @@ class Simulator:
         self.last_finish = 0.0
         self.wall_s = 0.0
         self.source = ""
+        self.rekeyed: int | None = None
+        self.as_sent = False
 
-    def feed(self, trace: Trace, *, keys: list | None = None, bar=None) -> float:
-        """Simulate the requests of ``trace``; returns the seconds the loop took."""
+    def feed(self, trace: Trace, *, keys: list | None = None, bar=None, as_sent: bool = False) -> float:
+        """Simulate the requests of ``trace``; returns the seconds the loop took. ``as_sent``: route
+        raw bodies on the clients' own bytes (no front door; their misses count as re-keyed)."""
         import time
 
         config = self.config
         n = len(trace)
         if keys is None:
-            keys = trace_keys(trace, config.key_blocks) if config.strategy is Strategy.PREFIX_AWARE else [None] * n
+            keys = (trace_keys(trace, config.key_blocks, as_sent) if config.strategy is Strategy.PREFIX_AWARE
+                    else [None] * n)
+        if trace.rekeyed is not None:
+            self.rekeyed = (self.rekeyed or 0) + sum(trace.rekeyed)
+        self.as_sent = self.as_sent or as_sent
         arrivals, prompts, outputs, blocks = trace.arrivals, trace.prompt_tokens, trace.output_tokens, trace.blocks
         firsts = [0.0] * n
         cached = [0.0] * n
@@ -233,15 +252,16 @@ def simulate(
     keys: list | None = None,
     bar=None,
     users: int | None = None,
+    as_sent: bool = False,
 ) -> SimResult:
     """Replay ``trace`` through one fleet in simulated time (``users``: a closed loop, see
-    :class:`Simulator`). Deterministic for a config's seed."""
+    :class:`Simulator`; ``as_sent``: see :meth:`Simulator.feed`). Deterministic for a config's seed."""
     sim = Simulator(config_for_trace(config, trace), speed=speed, users=users)
     own_bar = bar is None
     if own_bar:
         bar = _progress(len(trace), config.strategy.value, progress)
     try:
-        sim.feed(trace, keys=keys, bar=bar)
+        sim.feed(trace, keys=keys, bar=bar, as_sent=as_sent)
     finally:
         if own_bar and bar is not None:
             bar.close()
@@ -350,6 +370,8 @@ def _result(sim: Simulator) -> SimResult:
         hit_over_time=over_time,
         wall_s=sim.wall_s,
         replicated_requests=fleet.replicated,
+        rekeyed_requests=sim.rekeyed,
+        as_sent=sim.as_sent,
         misses=fleet.misses.as_dict(),
     )
 
@@ -362,12 +384,13 @@ def simulate_many(
     speed: float = 1.0,
     progress: bool | None = None,
     users: int | None = None,
+    as_sent: bool = False,
 ) -> list[SimResult]:
     """The same trace and fleet under each strategy, with one progress bar for all."""
     bar = _progress(len(trace) * len(strategies), "simulate", progress)
     try:
         return [
-            simulate(trace, replace(config, strategy=s), speed=speed, bar=bar, users=users)
+            simulate(trace, replace(config, strategy=s), speed=speed, bar=bar, users=users, as_sent=as_sent)
             for s in strategies
         ]
     finally:

@@ -30,6 +30,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Hashable, Iterable, Iterator
 
+from prefix_routing.lab.misses import ClientKey
 from prefix_routing.rules.errors import UserError
 from prefix_routing.rules.telemetry import REQUEST_LOG_MESSAGE, LogField
 
@@ -95,6 +96,10 @@ class Trace:
     block_tokens: float = MOONCAKE_BLOCK_TOKENS
     block_bytes: float | None = None
     routing_ids: list[str | None] | None = None  # PrefixAwareId per request
+    # Requests whose client bytes keyed routing differently from the normalized body (the log's
+    # ``rekeyed``; computed for raw bodies), and for raw bodies the key of the bytes as sent.
+    rekeyed: list[bool] | None = None
+    raw_keys: list | None = None
     source: str = ""
     lines: int = 0  # lines (or log events) read
     skipped: Skipped = field(default_factory=Skipped)
@@ -117,6 +122,8 @@ class Trace:
             self.block_tokens,
             self.block_bytes,
             self.routing_ids[:n] if self.routing_ids else None,
+            self.rekeyed[:n] if self.rekeyed else None,
+            self.raw_keys[:n] if self.raw_keys else None,
             self.source,
             self.lines,
             self.skipped,
@@ -132,7 +139,7 @@ class Trace:
         gap = (self.duration_s / max(1, len(self) - 1)) if gap_s is None else gap_s
         span = self.duration_s + gap
         shift = 1 + max((max(b) for b in self.blocks if b), default=0)
-        arrivals, prompt, output, blocks, ids = [], [], [], [], []
+        arrivals, prompt, output, blocks, ids, rekeyed = [], [], [], [], [], []
         for r in range(times):
             offset_t, offset_id = r * span, r * shift
             arrivals.extend(t + offset_t for t in self.arrivals)
@@ -141,9 +148,12 @@ class Trace:
             blocks.extend([b + offset_id for b in bl] for bl in self.blocks)
             if self.routing_ids:
                 ids.extend(self.routing_ids)
+            if self.rekeyed:
+                rekeyed.extend(self.rekeyed)
+        # Raw keys are not shifted like block ids: a replay is not routed as sent.
         return Trace(
-            arrivals, prompt, output, blocks, self.block_tokens, self.block_bytes, ids or None,
-            f"{self.source} ×{times}", self.lines * times, self.skipped,
+            arrivals, prompt, output, blocks, self.block_tokens, self.block_bytes, ids or None, rekeyed or None,
+            source=f"{self.source} ×{times}", lines=self.lines * times, skipped=self.skipped,
         )
 
 
@@ -207,6 +217,9 @@ class _Collector:
             block_tokens=block_tokens,
             block_bytes=block_bytes,
             routing_ids=[row[4] for row in self.rows] if with_ids else None,
+            # Rows may carry (…, rekeyed, raw key): the request log's flag, raw bodies' both.
+            rekeyed=[bool(row[5]) for row in self.rows] if any(len(row) > 5 and row[5] is not None for row in self.rows) else None,
+            raw_keys=[row[6] for row in self.rows] if any(len(row) > 6 for row in self.rows) else None,
             source=self.source,
             lines=self.lines,
             skipped=self.skipped,
@@ -335,7 +348,9 @@ def _log_record(c: _Collector, where: str, text: str, state: dict, bytes_per_tok
     routing_id = obj.get(F.ROUTING_ID)
     if routing_id is not None and not isinstance(routing_id, str):
         routing_id = str(routing_id)
-    c.rows.append((ts / 1000.0, prompt, output, c.intern(hashes), routing_id))
+    rekeyed = obj.get(F.REKEYED)  # absent in logs written before the front door judged it
+    c.rows.append((ts / 1000.0, prompt, output, c.intern(hashes), routing_id,
+                   rekeyed if isinstance(rekeyed, bool) else None))
 
 
 def _finish_log(c: _Collector, state: dict, bytes_per_token: float) -> Trace:
@@ -462,7 +477,12 @@ def read_bodies(
             ids.append("tail:" + hashlib.sha256(body).hexdigest()[:16])
         prompt = math.ceil(len(body) / bytes_per_token)
         arrival = len(c.rows) / rate
-        c.rows.append((arrival, prompt, _output_tokens(obj), c.intern(ids), None))
+        # The client's own first PrefixLength bytes against the normalized ones (the front door's
+        # RekeyedRequests); the raw key is what routing as sent, with no front door, would use.
+        head = raw[: settings.prefix_length]
+        rekeyed = head != body[: settings.prefix_length]
+        raw_key = ClientKey(("as-sent", hashlib.sha256(head).hexdigest()[:16])) if rekeyed else None
+        c.rows.append((arrival, prompt, _output_tokens(obj), c.intern(ids), None, rekeyed, raw_key))
     size = size or settings.block_bytes
     return c.build(size / bytes_per_token, size, with_ids=False)
 

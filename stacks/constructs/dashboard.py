@@ -78,18 +78,27 @@ class RoutingDashboard(Construct):
         self.dashboard.add_widgets(
             cloudwatch.GraphWidget(
                 title="Model latency (µs)", left=[sagemaker.model_latency("p50"), sagemaker.model_latency("p90")],
-                width=third,
+                width=quarter,
             ),
             cloudwatch.GraphWidget(
                 title="Errors",
                 left=[sagemaker.errors_5xx(), sagemaker.errors_4xx(), normalizer.upstream_errors(), normalizer.client_errors()],
                 right=[sagemaker.error_rate_percent()],
-                width=third,
+                width=quarter,
             ),
             cloudwatch.GraphWidget(
                 title="Traffic and capacity",
                 left=[sagemaker.invocations(), normalizer.requests()],
                 right=[sagemaker.no_capacity_failures()],
-                width=third,
+                width=quarter,
+            ),
+            # Misses the front door prevents: bodies whose own first PrefixLength bytes differ from
+            # their normalized form (key order, CRLF, parameters first) would have keyed elsewhere.
+            cloudwatch.GraphWidget(
+                title="Re-keyed requests: the client's bytes would have scattered them",
+                left=[normalizer.rekeyed_requests()],
+                right=[normalizer.rekeyed_percent()],
+                right_y_axis=cloudwatch.YAxisProps(min=0, max=100),
+                width=quarter,
             ),
         )

@@ -57,3 +57,16 @@ def test_hot_prefix_replication_widget_sits_with_the_hotspot_widgets(default_tem
     for metric, statistic, axis in ((replicated[0], "Sum", "left"), (hot[0], "Maximum", "right")):
         assert metric[:4] == [telemetry.NAMESPACE, metric[1], telemetry.DIMENSION_COMPONENT, component]
         assert metric[-1]["stat"] == statistic and metric[-1].get("yAxis", "left") == axis
+
+
+def test_rekeyed_requests_have_their_widget_with_their_share(default_templates):
+    (dashboard,) = default_templates["observability"].find_resources("AWS::CloudWatch::Dashboard").values()
+    parts = dashboard["Properties"]["DashboardBody"]["Fn::Join"][1]
+    widgets = json.loads("".join(p if isinstance(p, str) else "token" for p in parts))["widgets"]
+    (widget,) = [w for w in widgets if w["properties"].get("title", "").startswith("Re-keyed requests")]
+    metrics = widget["properties"]["metrics"]
+    (rekeyed,) = [m for m in metrics if telemetry.REKEYED_REQUESTS.name in m]
+    assert rekeyed[:4] == [telemetry.NAMESPACE, telemetry.REKEYED_REQUESTS.name, telemetry.DIMENSION_COMPONENT,
+                           load_stage().component_name]
+    (share,) = [m for m in metrics if isinstance(m[0], dict) and "expression" in m[0]]
+    assert share[0]["expression"] == "100 * rekeyed / requests" and share[0].get("yAxis") == "right"

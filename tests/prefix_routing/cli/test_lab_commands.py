@@ -260,7 +260,7 @@ def test_simulate_zipf_with_replication_spreads_the_hot_prefixes(capsys):
     assert code == 0
     on = json.loads(out)["results"][0]
     assert "replicated_requests" not in off and on["replicated_requests"] > 500
-    assert on["replication"] == {"target_share_factor": 0.25, "max_replicas": 16, "half_life_s": 60.0}
+    assert on["replication"] == {"target_share_factor": 0.25, "max_replicas": 16, "half_life_s": 300.0, "min_requests": 8.0}
     assert on["max_mean_requests"] < off["max_mean_requests"] - 0.3
     assert on["hit_rate"] >= 0.95 * off["hit_rate"]
 
@@ -296,3 +296,96 @@ def test_autoscaling_and_load_step_flags_say_what_they_need(capsys):
     assert code == 2 and "expected SECONDS:FACTOR" in err
     code, _, err = run(capsys, "simulate", "--workload", "long-context", "--autoscaling", "on", "--strategy", "KV_AWARE")
     assert code == 2 and "autoscaling: modelled for RANDOM" in err
+
+
+STAGE_RUN = ["--workload", "long-context", "--strategy", "PREFIX_AWARE", "--json", "--no-plots", "--limit", "600"]
+
+
+def test_simulate_with_a_stage_models_its_endpoint_and_its_autoscaling(capsys):
+    # config/llama70b-p5.toml: 7 × ml.p5.48xlarge, one copy each, PrefixLength 4096, threshold 10,
+    # copies 2..7 tracking 6 concurrent requests per copy (hotspot threshold 2 × 6 = 12), replication off.
+    code, out, err = run(capsys, "simulate", "--stage", "llama70b-p5", *STAGE_RUN)
+    assert code == 0, err
+    doc = json.loads(out)
+    fleet, result = doc["fleet"], doc["results"][0]
+    assert (fleet["instances"], fleet["copies"], fleet["preset"], fleet["prefix_length"],
+            fleet["concurrency_threshold"]) == (7, 1, "p5.48xlarge-llama3.1-70b", 4096, 10)
+    assert result["autoscaling"]["hotspot_threshold"] == 12.0
+    assert result["autoscaling"]["copies_over_time"][0]["provisioned"] == 2  # copies_min
+    assert "replication" not in result
+    # config/llama8b-g6e.toml differs from the workload's own fleet: 4 × ml.g6e.12xlarge with 4 copies
+    # each, PrefixLength 8192, threshold 16.
+    code, out, err = run(capsys, "simulate", "--stage", "llama8b-g6e", *STAGE_RUN)
+    assert code == 0, err
+    fleet = json.loads(out)["fleet"]
+    assert (fleet["instances"], fleet["copies"], fleet["prefix_length"], fleet["concurrency_threshold"]) == (4, 4, 8192, 16)
+    assert fleet["preset"].startswith("g6e.12xlarge-llama3.1-8b")
+    # A flag overrides the stage: fixed copies, and replication on with the stage's other settings.
+    code, out, err = run(capsys, "simulate", "--stage", "llama70b-p5", "--autoscaling", "off", "--replication", "on",
+                         "--concurrency-threshold", "4", *STAGE_RUN)
+    assert code == 0, err
+    result = json.loads(out)["results"][0]
+    assert "autoscaling" not in result and result["concurrency_threshold"] == 4
+    assert result["replication"] == {"target_share_factor": 0.1, "max_replicas": 32, "half_life_s": 300.0,
+                                     "min_requests": 8.0}
+
+
+def test_a_stage_that_replicates_turns_replication_on_in_simulate_and_tune(capsys, tmp_path, monkeypatch):
+    from prefix_routing.stage import config as stage_config
+
+    (tmp_path / "hot.toml").write_text(
+        '[model]\nframework = "vllm"\nimage_repository = "vllm"\nimage_tag = "v1"\n'
+        'model_id = "meta-llama/Llama-3.1-70B-Instruct"\ntensor_parallel_degree = 8\naccelerators_per_copy = 8\n'
+        'memory_per_copy_mb = 921600\n'
+        '[endpoint]\ninstance_type = "ml.p5.48xlarge"\ninstances_min = 7\ninstances_max = 7\ncopies_min = 7\n'
+        'copies_max = 7\n[routing]\nstrategy = "PREFIX_AWARE"\n'
+        "[normalizer.replication]\nenabled = true\nmax_replicas = 16\ntarget_share_factor = 0.25\n"
+    )
+    real_load = stage_config.load_stage
+    monkeypatch.setattr(stage_config, "load_stage", lambda name: real_load(name, config_dir=tmp_path))
+    code, out, err = run(capsys, "simulate", "--stage", "hot", "--zipf", "1.1", *STAGE_RUN)
+    assert code == 0, err
+    result = json.loads(out)["results"][0]
+    assert result["replication"]["target_share_factor"] == 0.25 and result["replication"]["max_replicas"] == 16
+    assert "autoscaling" not in result  # copies_min == copies_max: nothing to scale
+    code, out, err = run(capsys, "tune", "--stage", "hot", "--zipf", "1.1", "--prefix-length", "4096",
+                         "--concurrency-threshold", "10", "--workload", "long-context", "--strategy", "RANDOM",
+                         "--json", "--no-plots", "--limit", "600")
+    assert code == 0, err
+    swept = {p.get("replication") for p in json.loads(out)["points"]}
+    assert swept == {None, 0.1, 0.25, 0.5, 1.0, 2.0}
+    code, _, err = run(capsys, "simulate", "--stage", "hot", "--autoscaling-target", "3", *STAGE_RUN)
+    assert code == 2 and "--autoscaling-target needs --autoscaling on (stage hot has fixed copies)" in err
+
+
+def test_an_unknown_stage_is_a_clear_error(capsys):
+    code, _, err = run(capsys, "simulate", "--stage", "no-such-stage", *STAGE_RUN)
+    assert code == 2 and "no-such-stage" in err
+
+
+def test_simulate_as_sent_books_the_clients_scattered_misses_as_rekeyed(capsys, tmp_path):
+    # 8 system prompts of ~6 KB (past PrefixLength 4096), 20 requests each with their own question.
+    # Every other round of 8 comes from a client that writes temperature first: 80 of the 160 are
+    # re-keyed, and each prompt is sent both ways.
+    lines = []
+    for i in range(160):
+        system = f"Prompt {i % 8}: you answer questions about the lab. " * 120
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": f"question {i}"}]
+        body = {"temperature": 0.2, "messages": messages} if (i // 8) % 2 else {"messages": messages, "temperature": 0.2}
+        lines.append(json.dumps(body, separators=(",", ":")))
+    path = tmp_path / "bodies.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    common = ["simulate", str(path), "--format", "bodies", "--strategy", "PREFIX_AWARE", "--instances", "4",
+              "--json", "--no-plots"]
+    code, out, err = run(capsys, *common)
+    assert code == 0, err
+    fronted = json.loads(out)["results"][0]
+    assert fronted["rekeyed_requests"] == 80 and fronted["as_sent"] is False
+    assert fronted["misses"]["rekeyed"] == 0  # behind the front door every body keys as its normalized form
+    code, out, err = run(capsys, *common, "--as-sent")
+    assert code == 0, err
+    raw = json.loads(out)["results"][0]
+    assert raw["as_sent"] is True and raw["misses"]["rekeyed"] > 0
+    assert raw["hit_rate"] < fronted["hit_rate"]
+    code, _, err = run(capsys, "simulate", "--workload", "long-context", "--as-sent", "--no-plots")
+    assert code == 2 and "--as-sent routes raw request bodies on their own bytes" in err

@@ -185,6 +185,18 @@ def test_request_log_file(tmp_path):
         traces.read_request_log(path, strict=True)
 
 
+def test_request_log_carries_the_front_doors_rekeyed_flag(tmp_path):
+    t0 = 1_764_500_000_000
+    path = write(tmp_path, "log.jsonl", [
+        log_line(t0, ["aa"], **{LogField.REKEYED: True}),
+        log_line(t0 + 1000, ["aa"], **{LogField.REKEYED: False}),
+        log_line(t0 + 2000, ["aa"]),  # written before the front door judged it: not re-keyed
+    ])
+    assert traces.read_request_log(path).rekeyed == [True, False, False]
+    older = write(tmp_path, "old.jsonl", [log_line(t0, ["aa"])])
+    assert traces.read_request_log(older).rekeyed is None  # the log cannot tell
+
+
 def test_request_log_with_only_other_lines_is_an_error(tmp_path):
     path = write(tmp_path, "log.jsonl", ["START RequestId: 1", {LogField.MESSAGE: "hello"}])
     with pytest.raises(UserError, match="no requests found.*ignored"):
@@ -258,3 +270,18 @@ def test_raw_bodies_are_normalized(tmp_path):
     assert traces.load_trace(path, "auto", block_bytes=512).blocks == trace.blocks  # sniffed as bodies
     settings = normalize.NormalizerSettings(block_bytes=1024)
     assert traces.read_bodies(path, settings=settings).block_bytes == 1024
+
+
+def test_raw_bodies_say_which_the_client_keyed_differently(tmp_path):
+    system = "You are a careful assistant for the lab. " * 150  # ~6 KB: past PrefixLength 4096
+    canonical = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": "q"}], "max_tokens": 64}
+    compact = json.dumps(canonical, separators=(",", ":"))  # what the normalizer writes: not re-keyed
+    spaced = json.dumps(canonical)  # ", " and ": " from the first byte on: re-keyed
+    first = json.dumps({"max_tokens": 64, **canonical}, separators=(",", ":"))  # a parameter first: re-keyed
+    path = tmp_path / "bodies.jsonl"
+    path.write_text("\n".join([compact, spaced, first, spaced]) + "\n")
+    trace = traces.read_bodies(path)
+    assert trace.rekeyed == [False, True, True, True]
+    assert trace.raw_keys[0] is None and trace.raw_keys[1] == trace.raw_keys[3] != trace.raw_keys[2]
+    assert len(set(map(tuple, trace.blocks))) == 1  # one normalized body: the cache sees one prompt
+    assert trace.head(2).rekeyed == [False, True] and trace.head(2).raw_keys[1] == trace.raw_keys[1]
