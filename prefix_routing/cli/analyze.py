@@ -14,22 +14,44 @@ def add_arguments(parser) -> None:
         "--prefix-length", type=lab_args._ranged_int("--prefix-length", *lab.PREFIX_LENGTH_RANGE), action="append",
         metavar="B", help=f"PrefixLength to evaluate; repeatable (default {', '.join(map(str, lab.CANDIDATE_PREFIX_LENGTHS))})",
     )
+    # The verdict simulates RANDOM and PREFIX_AWARE on this fleet (the lab's default, or the stage's).
+    parser.add_argument("--stage", metavar="NAME", help="simulate the verdict on the stage's endpoint and routing settings")
+    parser.add_argument("--instances", type=lab_args._ranged_int("--instances", 1, 10_000), metavar="N",
+                        help="instances for the verdict's simulation (default 8; 7 for --workload long-context)")
+    parser.add_argument("--preset", metavar="NAME", help="instance × model preset for the verdict's simulation")
 
 
 def run(args) -> int:
     offset = lab_args.key_offset_bytes(args)  # bad flags fail before the trace is read
-    trace, _ = lab_args.load_from_args(args)
+    trace, spec = lab_args.load_from_args(args)
     result = lab.analyze(
         trace,
         bytes_per_token=args.bytes_per_token,
         key_offset_bytes=offset,
         prefix_lengths=args.prefix_length or lab.CANDIDATE_PREFIX_LENGTHS,
     )
+    result["verdict"] = verdict_for(args, trace, spec, result["prefix_reuse"])
     if args.json:
         lab_args.print_json(result)
         return 0
     print(render(result))
     return 0
+
+
+def verdict_for(args, trace, spec, reuse_share: float) -> dict:
+    """RANDOM and PREFIX_AWARE simulated on the fleet (the stage's PrefixLength and threshold)."""
+    from prefix_routing.lab.verdict import routing_verdict
+
+    for name in ("copies", "cache_tokens", "cache_policy", "slot_prompt_similarity", "cache_ram", "preset_file",
+                 "replication", "replication_target_share", "replication_max_replicas", "autoscaling",
+                 "autoscaling_target", "autoscaling_min", "copy_startup_s"):
+        setattr(args, name, getattr(args, name, None))  # the fleet flags analyze does not take
+    config = lab_args.fleet_config_from_args(args, trace, spec)
+    random, prefix = lab.simulate_many(trace, config, [lab.Strategy.RANDOM, lab.Strategy.PREFIX_AWARE])
+    verdict = routing_verdict(prefix_aware=prefix.as_dict(), random=random.as_dict(), reuse_share=reuse_share)
+    verdict["fleet"] = lab_args.describe_fleet(config) + (
+        f"; PrefixLength {config.prefix_length}, ConcurrencyThreshold {config.concurrency_threshold}")
+    return verdict
 
 
 def render(a: dict) -> str:
@@ -54,4 +76,7 @@ def render(a: dict) -> str:
         lines.append(f"  {r['prefix_length']:>12,}  {r['blocks']:>6}  {r['distinct']:>13,}  {r['largest_share']:>13.2%}")
     for w in a["warnings"]:
         lines.append(f"warning: {w}")
+    v = a.get("verdict")
+    if v:
+        lines += ["", f"verdict: {v['text']}", f"  ({v['criterion']})", f"  simulated on: {v['fleet']}"]
     return "\n".join(lines)

@@ -99,5 +99,8 @@ def render(result: dict, config) -> str:
     ]
     if result["note"]:
         lines.append(f"note: {result['note']}")
+    verdict = result.get("verdict")
+    if verdict:
+        lines += ["", f"verdict: {verdict['text']}", f"  ({verdict['criterion']})"]
     lines += ["", "for the stage file (config/<stage>.toml):", result["snippet"].rstrip()]
     return "\n".join(lines)

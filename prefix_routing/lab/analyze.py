@@ -9,7 +9,6 @@ from typing import Iterable
 from prefix_routing.lab.common import (
     CANDIDATE_PREFIX_LENGTHS,
     KEY_GROUP_BLOCKS,
-    REUSE_CRITERION,
     SPREAD_SHARE,
     _distribution,
 )
@@ -113,13 +112,8 @@ def analyze(
 
 def _analysis_warnings(a: dict) -> list[str]:
     warnings = []
-    if a["prefix_reuse"] <= REUSE_CRITERION:
-        warnings.append(
-            f"only {a['prefix_reuse']:.1%} of requests reuse a prefix seen before (more than "
-            f"{REUSE_CRITERION:.0%} is needed for prefix-aware routing to pay); RANDOM or "
-            "LEAST_OUTSTANDING_REQUESTS will do as well"
-        )
-    elif a["hit_rate_bound"] < 0.10:
+    # Whether prefix-aware routing pays is the simulation's verdict (lab/verdict.py), not the reuse share's.
+    if a["hit_rate_bound"] < 0.10:
         warnings.append(
             f"even one infinite cache shared by all requests would hold only {a['hit_rate_bound']:.1%} "
             "of the blocks: little to gain from prefix-aware routing"

@@ -103,6 +103,14 @@ def tune(
         ),
     )
     frontier = _frontier(points)
+    random = next((b for b in baseline_rows if b["strategy"] == Strategy.RANDOM.value), None)
+    verdict = None
+    if random is not None:  # one verdict, from the recommendation's simulated gain (lab/verdict.py)
+        from prefix_routing.lab.analyze import analyze
+        from prefix_routing.lab.verdict import routing_verdict
+
+        reuse = analyze(trace, prefix_lengths=(), group_blocks=())["prefix_reuse"]
+        verdict = routing_verdict(prefix_aware=best, random=random, reuse_share=reuse)
     return {
         "source": trace.source,
         "requests": len(trace),
@@ -116,6 +124,7 @@ def tune(
         "points": points,
         "frontier": frontier,
         "recommendation": best,
+        "verdict": verdict,
         "note": note,
         "snippet": config_snippet(best["prefix_length"], best["concurrency_threshold"],
                                   next((r for r in replications if r and r.target_share_factor == best["replication"]), None)),
