@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "analyze": "analyze",
     "simulate": "simulate",
     "tune": "tune",
+    "advise": "advise",
     "emulate": "emulate",
     "loadtest": "loadtest",
     "demo": "demo",

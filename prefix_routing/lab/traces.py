@@ -100,6 +100,9 @@ class Trace:
     # ``rekeyed``; computed for raw bodies), and for raw bodies the key of the bytes as sent.
     rekeyed: list[bool] | None = None
     raw_keys: list | None = None
+    # The request log's measured cached tokens (None where the model reported none): the hit rate
+    # production had, against which the lab's prediction for the same window is judged.
+    cached_tokens: list[int | None] | None = None
     source: str = ""
     lines: int = 0  # lines (or log events) read
     skipped: Skipped = field(default_factory=Skipped)
@@ -111,6 +114,14 @@ class Trace:
     @property
     def duration_s(self) -> float:
         return self.arrivals[-1] - self.arrivals[0] if self.arrivals else 0.0
+
+    def measured_hit_rate(self) -> float | None:
+        """Cached ÷ prompt tokens over the requests whose log line reports both (None: none does)."""
+        if not self.cached_tokens:
+            return None
+        pairs = [(c, p) for c, p in zip(self.cached_tokens, self.prompt_tokens) if c is not None]
+        prompt = sum(p for _, p in pairs)
+        return sum(c for c, _ in pairs) / prompt if prompt else None
 
     def head(self, n: int) -> "Trace":
         """The first n requests (a quick look, or a fast test)."""
@@ -124,6 +135,7 @@ class Trace:
             self.routing_ids[:n] if self.routing_ids else None,
             self.rekeyed[:n] if self.rekeyed else None,
             self.raw_keys[:n] if self.raw_keys else None,
+            self.cached_tokens[:n] if self.cached_tokens else None,
             self.source,
             self.lines,
             self.skipped,
@@ -219,7 +231,8 @@ class _Collector:
             routing_ids=[row[4] for row in self.rows] if with_ids else None,
             # Rows may carry (…, rekeyed, raw key): the request log's flag, raw bodies' both.
             rekeyed=[bool(row[5]) for row in self.rows] if any(len(row) > 5 and row[5] is not None for row in self.rows) else None,
-            raw_keys=[row[6] for row in self.rows] if any(len(row) > 6 for row in self.rows) else None,
+            raw_keys=[row[6] for row in self.rows] if any(len(row) > 6 and row[6] is not None for row in self.rows) else None,
+            cached_tokens=[row[7] for row in self.rows] if any(len(row) > 7 and row[7] is not None for row in self.rows) else None,
             source=self.source,
             lines=self.lines,
             skipped=self.skipped,
@@ -349,8 +362,10 @@ def _log_record(c: _Collector, where: str, text: str, state: dict, bytes_per_tok
     if routing_id is not None and not isinstance(routing_id, str):
         routing_id = str(routing_id)
     rekeyed = obj.get(F.REKEYED)  # absent in logs written before the front door judged it
+    cached = obj.get(F.CACHED_TOKENS)  # None when the model reported no usage
     c.rows.append((ts / 1000.0, prompt, output, c.intern(hashes), routing_id,
-                   rekeyed if isinstance(rekeyed, bool) else None))
+                   rekeyed if isinstance(rekeyed, bool) else None, None,
+                   min(cached, prompt) if _is_int(cached) and cached >= 0 else None))
 
 
 def _finish_log(c: _Collector, state: dict, bytes_per_token: float) -> Trace:

@@ -285,3 +285,16 @@ def test_raw_bodies_say_which_the_client_keyed_differently(tmp_path):
     assert trace.raw_keys[0] is None and trace.raw_keys[1] == trace.raw_keys[3] != trace.raw_keys[2]
     assert len(set(map(tuple, trace.blocks))) == 1  # one normalized body: the cache sees one prompt
     assert trace.head(2).rekeyed == [False, True] and trace.head(2).raw_keys[1] == trace.raw_keys[1]
+
+
+def test_request_log_gives_the_measured_hit_rate_of_its_window(tmp_path):
+    t0 = 1_764_500_000_000
+    path = write(tmp_path, "log.jsonl", [
+        log_line(t0, ["aa"], **{LogField.CACHED_TOKENS: 500}),
+        log_line(t0 + 1000, ["aa"], **{LogField.CACHED_TOKENS: None}),  # no usage reported: left out
+        log_line(t0 + 2000, ["aa"], **{LogField.CACHED_TOKENS: 1200}),  # more than the prompt: the prompt
+    ])
+    trace = traces.read_request_log(path)
+    assert trace.cached_tokens == [500, None, 1000]
+    assert trace.measured_hit_rate() == pytest.approx((500 + 1000) / (1000 + 1000))
+    assert traces.read_request_log(write(tmp_path, "none.jsonl", [log_line(t0, ["aa"])])).measured_hit_rate() is None

@@ -1,0 +1,63 @@
+"""``python -m prefix_routing advise --stage NAME``: the routing advisor on a window of the request log.
+
+What the advisor function does every hour, with the caller's credentials (``--log-group``) or on a
+saved request log (``--log-file``): replay the window through the stage's fleet at its current
+routing settings and over the tune grid, compare, and print the settings to change to.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+from prefix_routing.cli import lab_args
+from prefix_routing.rules.errors import UserError
+
+HELP = "the routing advisor: replay a window of the request log, compare the settings, print the snippet"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--stage", required=True, metavar="NAME", help="the deployed stage (config/NAME.toml, or default)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--log-file", metavar="FILE", help="a saved request log (JSON lines, .gz ok): offline")
+    source.add_argument("--log-group", metavar="NAME", help="the normalizer's CloudWatch log group (FilterLogEvents)")
+    parser.add_argument("--since", default="1h", metavar="AGE", help="--log-group: the window, e.g. 30m, 1h, 6h (default 1h)")
+    parser.add_argument("--region", help="--log-group: AWS region (default: the stage's, or the usual chain)")
+    parser.add_argument("--copies", type=lab_args._ranged_int("--copies", 1, 1024), metavar="N",
+                        help="copies now (default: the stage's copies_max, the endpoint at its size)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+
+def parse_age(text: str) -> float:
+    """Seconds of ``30m``, ``1h``, ``2d``, ``90s``."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", text or "")
+    if not match or float(match.group(1)) <= 0:
+        raise UserError(f"--since {text!r}: expected a positive age such as 30m, 1h or 2d")
+    return float(match.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+
+
+def run(args) -> int:
+    from prefix_routing.cli.stages import load_stage_arg
+    from prefix_routing.lab import advisor, traces
+    from prefix_routing.lab.fleet_config import FleetConfig
+    from prefix_routing.lab.stage_fleet import stage_fleet_values
+
+    stage = load_stage_arg(args.stage)
+    values = stage_fleet_values(stage)
+    if args.copies is not None:  # copies now: fewer instances of the same packing
+        per = values["copies"]
+        values["instances"] = max(1, -(-args.copies // per))
+    if args.log_file:
+        window = traces.read_request_log(args.log_file)
+    else:
+        end = int(time.time() * 1000)
+        window = traces.read_cloudwatch(args.log_group, end - int(parse_age(args.since) * 1000), end,
+                                        region=args.region or stage.region)
+    lab_args.report_skipped(window)
+    config = FleetConfig(**values, block_tokens=window.block_tokens, block_bytes=window.block_bytes)
+    advice = advisor.advise(window, config)
+    if args.json:
+        lab_args.print_json(advice)
+    else:
+        print(advisor.render(advice))
+    return 0

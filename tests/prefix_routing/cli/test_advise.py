@@ -1,0 +1,70 @@
+"""``advise``: the advisor on a saved request log, with the stage's fleet and routing settings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from prefix_routing.cli.advise import parse_age
+from prefix_routing.cli.main import main
+from prefix_routing.rules.errors import UserError
+from tests.conftest import MOONCAKE_SLICE
+from tests.prefix_routing.lab.test_advisor import front_door_log
+
+STAGE = (
+    '[model]\nframework = "vllm"\nimage_repository = "vllm"\nimage_tag = "v1"\n'
+    'model_id = "meta-llama/Llama-3.1-70B-Instruct"\ntensor_parallel_degree = 8\naccelerators_per_copy = 8\n'
+    'memory_per_copy_mb = 921600\n'
+    '[endpoint]\ninstance_type = "ml.p5.48xlarge"\ninstances_min = 4\ninstances_max = 4\ncopies_min = 4\n'
+    'copies_max = 4\n[routing]\nstrategy = "PREFIX_AWARE"\nprefix_length = PL\nconcurrency_threshold = 1024\n'
+)
+
+
+@pytest.fixture
+def stages(tmp_path, monkeypatch):
+    from prefix_routing.stage import config as stage_config
+
+    real_load = stage_config.load_stage
+    monkeypatch.setattr(stage_config, "load_stage", lambda name: real_load(name, config_dir=tmp_path))
+    for pl in (1024, 8192):
+        (tmp_path / f"pl{pl}.toml").write_text(STAGE.replace("PL", str(pl)))
+    records = [json.loads(line) for line in MOONCAKE_SLICE.read_text().splitlines()[:300]]
+    front_door_log(tmp_path / "log.jsonl", records, prefix_length=1024)
+    return tmp_path
+
+
+def test_advise_on_a_saved_log_recommends_leaving_the_shared_block(stages, capsys):
+    code = main(["advise", "--stage", "pl1024", "--log-file", str(stages / "log.jsonl"), "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    advice = json.loads(out)
+    assert advice["current"] == {**advice["current"], "prefix_length": 1024, "concurrency_threshold": 1024}
+    assert advice["best"]["prefix_length"] > 2048 and advice["better"] is True
+    assert advice["window"]["requests"] == 300
+    code = main(["advise", "--stage", "pl1024", "--log-file", str(stages / "log.jsonl")])
+    out, _ = capsys.readouterr()
+    assert code == 0 and "change the stage file" in out and "[routing]" in out
+    code = main(["advise", "--stage", "pl8192", "--log-file", str(stages / "log.jsonl"), "--json"])
+    out, _ = capsys.readouterr()
+    assert code == 0 and json.loads(out)["better"] is False
+
+
+def test_advise_needs_one_source_and_a_known_stage(stages, capsys):
+    with pytest.raises(SystemExit) as exited:  # argparse's own usage error
+        main(["advise", "--stage", "pl1024"])
+    assert exited.value.code == 2
+    assert "one of the arguments --log-file --log-group is required" in capsys.readouterr().err
+    assert main(["advise", "--stage", "nope", "--log-file", str(stages / "log.jsonl")]) == 2
+    assert "nope" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("30m", 1800), ("1h", 3600), ("2d", 172800), ("90s", 90), ("1.5h", 5400)])
+def test_since_ages(text, seconds):
+    assert parse_age(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "1", "h", "-1h", "0m", "1w"])
+def test_bad_since_ages_say_what_is_expected(text):
+    with pytest.raises(UserError, match="expected a positive age such as 30m, 1h or 2d"):
+        parse_age(text)
