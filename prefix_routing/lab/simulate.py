@@ -268,51 +268,54 @@ def simulate(
     return sim.result()
 
 
-def _hotspot_seconds(sim: Simulator, arr, config: FleetConfig) -> float:
-    """Seconds (whole minutes) in which some copy's time-averaged in-flight count was above the
+def _hotspot_seconds(sim: Simulator, arr: list[float], config: FleetConfig) -> float:
+    """Seconds (whole periods) in which some copy's time-averaged in-flight count was above the
     hotspot threshold (the stage alarm's ``hotspot_factor`` × the scaling target; the defaults
     2 × 4 without autoscaling), from each request's interval in the in-flight count."""
-    import numpy as np
-
     from prefix_routing.lab.autoscaling import AutoscalingSettings
 
-    if not len(arr):
+    if not arr:
         return 0.0
     settings = config.autoscaling or AutoscalingSettings()
     threshold, period = settings.hotspot_factor * settings.target_per_copy, settings.period_s
-    where = np.frombuffer(sim.copy_of, dtype=np.int64) if sim.copy_of.itemsize == 8 else np.asarray(sim.copy_of)
-    ends = np.frombuffer(sim.ends, dtype=float)
-    edges = np.arange(0.0, float(ends.max()) + period, period)
-    hot = np.zeros(len(edges) - 1, dtype=bool)
-    for g in np.unique(where):
-        mine = where == g
-        times = np.concatenate([arr[mine], ends[mine]])
-        steps = np.concatenate([np.ones(int(mine.sum())), -np.ones(int(mine.sum()))])
-        order = np.argsort(times, kind="stable")
-        times, steps = times[order], steps[order]
-        level = np.cumsum(steps)  # in flight just after each event
-        area = np.concatenate([[0.0], np.cumsum(level[:-1] * np.diff(times))])  # ∫ in-flight up to each event
-        at_edges = np.interp(edges, times, area, left=0.0, right=float(area[-1]))
-        hot |= np.diff(at_edges) / period > threshold
-    return float(hot.sum() * period)
+    events: dict[int, list[tuple[float, int]]] = {}
+    for g, start, end in zip(sim.copy_of, arr, sim.ends):
+        mine = events.setdefault(g, [])
+        mine.append((start, 1))
+        mine.append((end, -1))
+    hot: set[int] = set()
+    for mine in events.values():
+        mine.sort(key=lambda e: e[0])  # stable: at equal times, in the order recorded
+        area: dict[int, float] = {}  # ∫ in-flight dt per period
+        level, t = 0, mine[0][0]
+        for time, step in mine:
+            if level and time > t:  # spread level × (t, time) over the periods it covers
+                b = int(t // period)
+                while t < time:
+                    edge = min(time, (b + 1) * period)
+                    area[b] = area.get(b, 0.0) + level * (edge - t)
+                    t, b = edge, b + 1
+            t = time
+            level += step
+        hot.update(b for b, a in area.items() if a / period > threshold)
+    return float(len(hot) * period)
 
 
 def _result(sim: Simulator) -> SimResult:
-    import numpy as np
-
+    """The summary of a run, in pure Python (the advisor's Lambda has no numpy)."""
     config, fleet = sim.config, sim.fleet
     if fleet.pool is not None:
         fleet.advance(sim.last_finish)  # the evaluations up to the last token
     n = len(sim.arrivals)
-    arr = np.frombuffer(sim.arrivals, dtype=float) * sim.inv
-    first = np.frombuffer(sim.firsts, dtype=float)
+    inv = sim.inv
+    arr = [a * inv for a in sim.arrivals]
     timeout = config.timeout_s if config.timeout_s is not None else math.inf
-    failed = ~np.isfinite(first)
-    ttft = np.where(failed, timeout, first - arr)
-    prompts = np.frombuffer(sim.prompts, dtype=float)
-    cached_arr = np.frombuffer(sim.cached, dtype=float)
-    served_prompt = float(prompts[~failed].sum())
-    hit = float(cached_arr.sum()) / served_prompt if served_prompt else 0.0
+    isfinite = math.isfinite
+    ok = [isfinite(f) for f in sim.firsts]  # False: failed (timed out, or no copy serving)
+    ttft = [f - a if good else timeout for f, a, good in zip(sim.firsts, arr, ok)]
+    prompts, cached_tokens = sim.prompts, sim.cached
+    served_prompt = math.fsum(p for p, good in zip(prompts, ok) if good)
+    hit = math.fsum(cached_tokens) / served_prompt if served_prompt else 0.0
     p = _percentiles(ttft) if n else {"p50": 0.0, "p90": 0.0, "p99": 0.0}
     rows = fleet.instance_totals()
     req = [r["requests"] for r in rows]
@@ -320,30 +323,29 @@ def _result(sim: Simulator) -> SimResult:
     mean_req = sum(req) / len(req) if req else 0
     mean_tok = sum(tok) / len(tok) if tok else 0
     span = sim.last_finish - (arr[0] if n else 0.0)
-    outputs = np.frombuffer(sim.outputs, dtype=float)
-    served_out = float(outputs[~failed].sum())
-    served = int((~failed).sum())
+    served_out = math.fsum(o for o, good in zip(sim.outputs, ok) if good)
+    served = sum(ok)
     # Hit rate over time: 60 bins over the trace (at least 1 s each).
-    duration = float(arr[-1] - arr[0]) if n else 0.0
+    duration = arr[-1] - arr[0] if n else 0.0
     bin_s = max(1.0, duration / 60.0)
-    idx = ((arr - arr[0]) // bin_s).astype(int) if n else np.zeros(0, int)
-    bins = int(idx.max()) + 1 if n else 0
-    hit_num = np.bincount(idx, weights=np.where(failed, 0.0, cached_arr), minlength=bins)
-    hit_den = np.bincount(idx, weights=np.where(failed, 0.0, prompts), minlength=bins)
-    over_time = [
-        (float(b * bin_s), float(hit_num[b] / hit_den[b]) if hit_den[b] else 0.0) for b in range(bins)
-    ]
+    bins = int((arr[-1] - arr[0]) // bin_s) + 1 if n else 0
+    hit_num, hit_den = [0.0] * bins, [0.0] * bins
+    for a, c, pr, good in zip(arr, cached_tokens, prompts, ok):
+        if good:
+            b = int((a - arr[0]) // bin_s)
+            hit_num[b] += c
+            hit_den[b] += pr
+    over_time = [(b * bin_s, hit_num[b] / hit_den[b] if hit_den[b] else 0.0) for b in range(bins)]
     scaling = None
     if fleet.pool is not None:
         scaling = fleet.pool.summary()
         scaling["no_capacity_failures"] = fleet.no_capacity
         # The hit rate of the requests that arrive in the 10 minutes after each scale-out.
-        after = np.zeros(n, dtype=bool)
-        for t, before, to in fleet.pool.events:
-            if to > before:
-                after |= (arr >= t) & (arr < t + 600.0)
-        den = float(prompts[after & ~failed].sum())
-        scaling["hit_rate_10min_after_scale_out"] = float(cached_arr[after].sum()) / den if den else None
+        outs = [t for t, before, to in fleet.pool.events if to > before]
+        after = [any(t <= a < t + 600.0 for t in outs) for a in arr] if outs else [False] * n
+        den = math.fsum(pr for pr, x, good in zip(prompts, after, ok) if x and good)
+        num = math.fsum(c for c, x in zip(cached_tokens, after) if x)
+        scaling["hit_rate_10min_after_scale_out"] = num / den if den else None
     copy_hours = scaling["copy_hours"] if scaling else config.total_copies * max(span, 0.0) / 3600.0
     hotspot_s = scaling["hotspot_seconds"] if scaling else _hotspot_seconds(sim, arr, config)
     return SimResult(
@@ -354,7 +356,7 @@ def _result(sim: Simulator) -> SimResult:
         hotspot_seconds=hotspot_s,
         autoscaling=scaling,
         hit_rate=hit,
-        ttft=ttft.tolist(),
+        ttft=ttft,
         ttft_p50_s=p["p50"],
         ttft_p90_s=p["p90"],
         ttft_p99_s=p["p99"],

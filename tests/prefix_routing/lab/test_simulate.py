@@ -137,5 +137,28 @@ def test_hotspot_seconds_of_a_fixed_fleet_count_the_minutes_a_copy_is_above_the_
     sim = Simulator(config)
     sim.feed(trace)
     result = sim.result()
-    import numpy as np
-    assert result.hotspot_seconds == _hotspot_seconds(sim, np.frombuffer(sim.arrivals, dtype=float), config) > 0
+    assert result.hotspot_seconds == _hotspot_seconds(sim, list(sim.arrivals), config) > 0
+
+
+def test_hotspot_seconds_by_hand():
+    # One copy, threshold 2 × 4 = 8 in flight, 60 s periods. 10 requests in flight over 0–150 s:
+    # periods 0 and 1 average 10 (hot), period 2 averages 10 × 30/60 = 5 (not hot). Then 20
+    # requests over 200–230 s: period 3 averages 20 × 30/60 = 10 (hot): 180 hot seconds in all.
+    from array import array
+    from types import SimpleNamespace
+
+    from prefix_routing.lab.simulate import _hotspot_seconds
+
+    starts = [0.0] * 10 + [200.0] * 20
+    ends = [150.0] * 10 + [230.0] * 20
+    sim = SimpleNamespace(copy_of=array("l", [0] * 30), ends=array("d", ends))
+    assert _hotspot_seconds(sim, starts, lab.FleetConfig(instances=1)) == 180.0
+
+
+def test_percentiles_interpolate_between_ranks_by_hand():
+    from prefix_routing.lab.common import _distribution, _percentiles
+
+    # 11 values 0..10: P50 is the 6th, P90 the 10th (9.0), P99 at rank 9.9: 9 + 0.9 × (10 − 9).
+    assert _percentiles([float(v) for v in range(10, -1, -1)]) == {"p50": 5.0, "p90": 9.0, "p99": pytest.approx(9.9)}
+    assert _percentiles([3.0, 1.0]) == {"p50": 2.0, "p90": pytest.approx(2.8), "p99": pytest.approx(2.98)}
+    assert _distribution([1, 2, 3, 10]) == {"mean": 4.0, "p50": 2.5, "p90": pytest.approx(7.9), "p99": pytest.approx(9.79), "max": 10.0}
