@@ -33,6 +33,8 @@ ROOMS = {
     "prefix_routing.loadtest.": "loadtest",
     "prefix_routing.engines": "engines",  # real llama.cpp engines: build, model, processes
     "prefix_routing.engines.": "engines",
+    "prefix_routing.advisor": "advisor",  # the routing advisor function: the lab on production's log
+    "prefix_routing.advisor.": "advisor",
     "prefix_routing.verify": "verify",  # checks a live deployment against its stage
     "prefix_routing.verify.": "verify",
     "prefix_routing.cli": "cli",  # the command line and what only it runs
@@ -56,9 +58,10 @@ ALLOWED = {
     # engines -> stage: calibrate writes its preset file with stage/preset_file.py, the one definition of the format
     "engines": ({"rules", "stage"}, {"gguf", "numpy"}),
     "verify": ({"rules", "stage", "loadtest"}, {"boto3", "botocore"}),
-    "cli": ({"rules", "stage", "lab", "emulator", "loadtest", "frontdoor", "verify", "engines", "package"}, set()),
+    "advisor": ({"rules", "stage", "lab"}, {"boto3", "botocore"}),
+    "cli": ({"rules", "stage", "lab", "emulator", "loadtest", "frontdoor", "verify", "engines", "advisor", "package"}, set()),
     "stacks": ({"stage", "package"}, {"aws_cdk", "constructs", "cdk_nag", "jsii"}),
-    "lambda": ({"frontdoor", "rules", "package"}, {"boto3", "botocore"}),
+    "lambda": ({"frontdoor", "advisor", "rules", "package"}, {"boto3", "botocore"}),
 }
 #: The stacks may use the rules room only for the telemetry names.
 STACKS_MAY_USE = {"prefix_routing.rules.telemetry"}

@@ -22,6 +22,7 @@ from prefix_routing.lab.routing import Strategy
 from prefix_routing.lab.simulate import simulate
 from prefix_routing.lab.traces import Trace
 from prefix_routing.lab.tune import tune
+from prefix_routing.rules import telemetry
 from prefix_routing.rules.errors import UserError
 
 
@@ -103,6 +104,22 @@ def notify(advice: dict, state: dict | None, after_runs: int) -> tuple[bool, dic
     runs = state.get("runs", 0) + 1 if state.get("recommendation") == key else 1
     due = runs >= after_runs and state.get("notified") != key
     return due, {"recommendation": key, "runs": runs, "notified": key if due else state.get("notified")}
+
+
+def metric_values(advice: dict) -> list[tuple[telemetry.MetricSpec, float]]:
+    """What one run publishes (names in ``rules.telemetry``); the measured hit rate only when the
+    window's log reports cached tokens."""
+    values = [
+        (telemetry.HIT_RATE_BOUND, advice["hit_rate_bound"]),
+        (telemetry.PREDICTED_HIT_RATE, advice["current"]["predicted_hit_rate"]),
+        (telemetry.BEST_PREDICTED_HIT_RATE, advice["best"]["predicted_hit_rate"]),
+        (telemetry.PREFIX_REUSE_SHARE, advice["prefix_reuse_share"]),
+        (telemetry.RECOMMENDED_PREFIX_LENGTH, float(advice["best"]["prefix_length"])),
+        (telemetry.RECOMMENDED_CONCURRENCY_THRESHOLD, float(advice["best"]["concurrency_threshold"])),
+    ]
+    if advice["measured_hit_rate"] is not None:
+        values.append((telemetry.MEASURED_HIT_RATE, advice["measured_hit_rate"]))
+    return values
 
 
 def render(advice: dict) -> str:

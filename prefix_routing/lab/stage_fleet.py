@@ -20,17 +20,22 @@ if TYPE_CHECKING:  # pydantic is imported only by whoever loaded the stage
 
 
 def preset_for_stage(config: StageConfig) -> Preset:
-    """The lab preset of the stage's instance type, model size and tensor-parallel degree.
+    """The lab preset of the stage's instance type, model size and tensor-parallel degree."""
+    return preset_for(config.endpoint.instance_type, config.model.model_id or config.model.model_s3_uri or "",
+                      config.model.tensor_parallel_degree, stage=config.name)
 
-    A copy's speed and cache depend on its GPUs, not on how many share the host: with no preset for
-    the exact instance type, one with the same GPU, model and TP is re-homed to the stage's type.
-    """
-    size = re.search(r"(\d+)\s*[bB]\b", config.model.model_id or config.model.model_s3_uri or "")
-    instance = INSTANCES.get(config.endpoint.instance_type)
+
+def preset_for(instance_type: str, model: str, tp: int, *, stage: str = "") -> Preset:
+    """The preset for an instance type, a model (its id or S3 URI: the size is read from it, e.g.
+    ``70B``) and a tensor-parallel degree. A copy's speed and cache depend on its GPUs, not on how
+    many share the host: with no preset for the exact instance type, one with the same GPU, model
+    and TP is re-homed to it. (The advisor function calls this with the stage's values.)"""
+    size = re.search(r"(\d+)\s*[bB]\b", model)
+    instance = INSTANCES.get(instance_type)
     candidates = [
         preset
         for preset in PRESETS.values()
-        if preset.tp == config.model.tensor_parallel_degree
+        if preset.tp == tp
         and size is not None
         and preset.model.name.lower().endswith(f" {size.group(1)}b")
         and instance is not None
@@ -48,8 +53,7 @@ def preset_for_stage(config: StageConfig) -> Preset:
             replicas=instance.gpus // preset.tp,
         )
     raise UserError(
-        f"stage {config.name!r}: no lab preset for {config.endpoint.instance_type} with "
-        f"{config.model.model_id or config.model.model_s3_uri} at TP {config.model.tensor_parallel_degree}; "
+        f"{f'stage {stage!r}: ' if stage else ''}no lab preset for {instance_type} with {model} at TP {tp}; "
         f"pass --preset (one of {', '.join(PRESETS)})"
     )
 

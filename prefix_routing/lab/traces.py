@@ -403,11 +403,14 @@ def read_cloudwatch(
     strict: bool = False,
     bytes_per_token: float = 4.0,
     filter_pattern: str | None = f'"{REQUEST_LOG_MESSAGE}"',
+    max_events: int | None = None,
 ) -> Trace:
     """Read the normalizer's request log straight from CloudWatch Logs (``FilterLogEvents``).
 
     ``client`` is a boto3 ``logs`` client (made from ``region`` and the usual credential chain if
-    not given). By default only events containing the request message are fetched.
+    not given). By default only events containing the request message are fetched. ``max_events``
+    bounds the events read (a Lambda's memory and time): past it the window is cut, and the trace's
+    notes say where.
     """
     import boto3  # the lab's only AWS call: imported here so the rest of the lab runs without it
     from botocore.exceptions import BotoCoreError, ClientError
@@ -418,18 +421,28 @@ def read_cloudwatch(
     if filter_pattern:
         kwargs["filterPattern"] = filter_pattern
     c, state = _Collector(source, strict), {}
+    cut_at = None
     try:
         for page in client.get_paginator("filter_log_events").paginate(**kwargs):
             for event in page.get("events", []):
+                if max_events is not None and c.lines >= max_events:
+                    cut_at = event.get("timestamp")
+                    break
                 c.lines += 1
                 where = f"{source} event {event.get('eventId', '?')} ({event.get('logStreamName', '?')})"
                 _log_record(c, where, event.get("message", ""), state, bytes_per_token, event.get("timestamp"))
+            if cut_at is not None:
+                break
     except ClientError as error:
         info = error.response.get("Error", {})
         raise UserError(f"{source}: {info.get('Code', 'error')}: {info.get('Message', error)}") from None
     except BotoCoreError as error:
         raise UserError(f"{source}: {error}") from None
-    return _finish_log(c, state, bytes_per_token)
+    trace = _finish_log(c, state, bytes_per_token)
+    if cut_at is not None:
+        trace.notes.append(f"read the first {max_events:,} events only (the bound): the window was cut at "
+                           f"epoch ms {cut_at}, {int(end_ms) - int(cut_at or end_ms):,} ms before its end")
+    return trace
 
 
 # --------------------------------------------------------------------------- raw request bodies

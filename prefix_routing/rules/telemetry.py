@@ -74,6 +74,23 @@ REPLICATED_REQUESTS = MetricSpec(
 HOT_PREFIXES = MetricSpec("HotPrefixes", "Count", "prefixes the front door's tracker gives more than one replica")
 REPLICATION_METRICS: Final = (REPLICATED_REQUESTS, HOT_PREFIXES)
 
+#: The routing advisor's figures for one window of the request log (``prefix_routing.lab.advisor``),
+#: published once per run under NAMESPACE with the component dimension: the model's prediction
+#: beside what production measured, so that drift shows on one chart.
+HIT_RATE_BOUND = MetricSpec("HitRateBound", "None", "one infinite shared cache's token hit rate over the window (0-1)")
+PREDICTED_HIT_RATE = MetricSpec("PredictedHitRate", "None", "the lab's hit rate for the current routing settings (0-1)")
+BEST_PREDICTED_HIT_RATE = MetricSpec("BestPredictedHitRate", "None", "the lab's hit rate at the recommended settings (0-1)")
+MEASURED_HIT_RATE = MetricSpec("MeasuredHitRate", "None", "cached / prompt tokens the request log reports for the window (0-1)")
+PREFIX_REUSE_SHARE = MetricSpec("PrefixReuseShare", "None", "requests reusing a prefix seen before in the window (0-1)")
+RECOMMENDED_PREFIX_LENGTH = MetricSpec("RecommendedPrefixLength", "Bytes", "the advisor's PrefixLength")
+RECOMMENDED_CONCURRENCY_THRESHOLD = MetricSpec(
+    "RecommendedConcurrencyThreshold", "Count", "the advisor's ConcurrencyThreshold"
+)
+ADVISOR_METRICS: Final = (
+    HIT_RATE_BOUND, PREDICTED_HIT_RATE, BEST_PREDICTED_HIT_RATE, MEASURED_HIT_RATE, PREFIX_REUSE_SHARE,
+    RECOMMENDED_PREFIX_LENGTH, RECOMMENDED_CONCURRENCY_THRESHOLD,
+)
+
 
 class LogField:
     """Fields of the normalizer's one structured log line per request (JSON).

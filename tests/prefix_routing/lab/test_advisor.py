@@ -118,3 +118,17 @@ def test_notify_settings_name_the_field_and_what_is_allowed():
         advisor.NotifySettings(after_runs=0)
     with pytest.raises(UserError, match=r"advisor.notify_gain_points=-1: allowed"):
         advisor.NotifySettings(gain_points=-1)
+
+
+def test_a_run_publishes_the_advisor_metrics_from_its_advice():
+    from prefix_routing.rules import telemetry as t
+
+    advice = {"hit_rate_bound": 0.37, "prefix_reuse_share": 0.446, "measured_hit_rate": None,
+              "current": {"predicted_hit_rate": 0.09, "prefix_length": 1024, "concurrency_threshold": 1024},
+              "best": {"predicted_hit_rate": 0.29, "prefix_length": 8192, "concurrency_threshold": 8}}
+    values = dict((spec.name, v) for spec, v in advisor.metric_values(advice))
+    assert values == {"HitRateBound": 0.37, "PredictedHitRate": 0.09, "BestPredictedHitRate": 0.29,
+                      "PrefixReuseShare": 0.446, "RecommendedPrefixLength": 8192.0,
+                      "RecommendedConcurrencyThreshold": 8.0}  # no measured hit rate: none reported
+    values = dict((spec, v) for spec, v in advisor.metric_values({**advice, "measured_hit_rate": 0.31}))
+    assert values[t.MEASURED_HIT_RATE] == 0.31 and set(values) == set(t.ADVISOR_METRICS)

@@ -235,6 +235,11 @@ def test_cloudwatch_logs_through_moto(aws_env):
         assert "event" in trace.skipped.examples[0]
         with pytest.raises(UserError, match="ResourceNotFoundException"):
             traces.read_cloudwatch("/missing", now - 1000, now + 1000, client=client)
+        # A bound on the events read cuts the window, and says so.
+        cut = traces.read_cloudwatch("/aws/lambda/normalizer", now - 1000, now + 1000, client=client, max_events=50)
+        assert len(cut) == 50 and cut.lines == 50
+        assert any(n.startswith("read the first 50 events only (the bound): the window was cut at") for n in cut.notes)
+        assert not any("the bound" in n for n in trace.notes)
 
 
 # ---------------------------------------------------------------- raw bodies, through the normalizer

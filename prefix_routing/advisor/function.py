@@ -1,0 +1,158 @@
+"""One run of the routing advisor, with the AWS calls it needs (clients passed in: tests stub them)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from prefix_routing.lab import advisor, traces
+from prefix_routing.lab.fleet_config import FleetConfig
+from prefix_routing.lab.stage_fleet import preset_for
+from prefix_routing.rules import telemetry
+from prefix_routing.rules.errors import UserError
+
+
+class ConfigurationError(ValueError):
+    """An environment variable is missing or malformed (names the variable, the value, what is allowed)."""
+
+
+@dataclass(frozen=True)
+class AdvisorConfig:
+    """What the stack puts in the function's environment (``from_env``)."""
+
+    log_group: str
+    component_name: str
+    stage: str
+    instance_type: str
+    model: str  # the model id or S3 URI (its size, e.g. 70B, picks the preset)
+    tensor_parallel_degree: int
+    copies_per_instance: int
+    copies_max: int
+    prefix_length: int
+    concurrency_threshold: int
+    topic_arn: str | None = None
+    state_parameter: str | None = None
+    namespace: str = telemetry.NAMESPACE
+    window_s: float = 3600.0
+    max_events: int = 100_000
+    notify: advisor.NotifySettings = field(default_factory=advisor.NotifySettings)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "AdvisorConfig":
+        def text(name: str, default: str | None = None) -> str:
+            value = env.get(name, default)
+            if not value:
+                raise ConfigurationError(f"{name}: missing; the stack sets it")
+            return value
+
+        def number(name: str, default, kind=float, low=0.0, high=math.inf):
+            raw = env.get(name)
+            if raw is None:
+                return default
+            try:
+                value = kind(raw)
+            except ValueError:
+                raise ConfigurationError(f"{name}: {raw!r} is not a{'n integer' if kind is int else ' number'}") from None
+            if not low <= value <= high:
+                raise ConfigurationError(f"{name}: {raw!r}; allowed: from {low:g} to {high:g}")
+            return value
+
+        try:
+            notify = advisor.NotifySettings(
+                gain_points=number("NOTIFY_GAIN_POINTS", 5.0), ttft_gain=number("NOTIFY_TTFT_GAIN", 0.20),
+                after_runs=number("NOTIFY_AFTER_RUNS", 3, int, 1, 1000))
+        except UserError as error:
+            raise ConfigurationError(str(error)) from None
+        return cls(
+            log_group=text("REQUEST_LOG_GROUP"),
+            component_name=text("INFERENCE_COMPONENT_NAME"),
+            stage=text("STAGE"),
+            instance_type=text("INSTANCE_TYPE"),
+            model=text("MODEL"),
+            tensor_parallel_degree=number("TENSOR_PARALLEL_DEGREE", 1, int, 1, 8),
+            copies_per_instance=number("COPIES_PER_INSTANCE", 1, int, 1, 1024),
+            copies_max=number("COPIES_MAX", 1, int, 1, 100_000),
+            prefix_length=number("PREFIX_LENGTH", 4096, int, 1024, 65536),
+            concurrency_threshold=number("CONCURRENCY_THRESHOLD", 1024, int, 1, 1024),
+            topic_arn=env.get("ALARM_TOPIC_ARN") or None,
+            state_parameter=env.get("STATE_PARAMETER") or None,
+            namespace=env.get("METRIC_NAMESPACE") or telemetry.NAMESPACE,
+            window_s=number("WINDOW_S", 3600.0, float, 60.0, 86_400.0),
+            max_events=number("MAX_EVENTS", 100_000, int, 1, 10_000_000),
+            notify=notify,
+        )
+
+
+@dataclass(frozen=True)
+class Clients:
+    """boto3 clients: logs, cloudwatch, sagemaker, sns and ssm."""
+
+    logs: Any
+    cloudwatch: Any
+    sagemaker: Any
+    sns: Any = None
+    ssm: Any = None
+
+
+def current_copies(cfg: AdvisorConfig, sagemaker: Any) -> int:
+    """The copies serving now (``DescribeInferenceComponent``), else the stage's maximum."""
+    try:
+        runtime = sagemaker.describe_inference_component(InferenceComponentName=cfg.component_name)["RuntimeConfig"]
+        copies = int(runtime.get("CurrentCopyCount") or 0)
+    except Exception:  # noqa: BLE001 - the advice still holds at the stage's size; the run says so
+        return cfg.copies_max
+    return max(1, min(copies, cfg.copies_max)) if copies else cfg.copies_max
+
+
+def run_once(cfg: AdvisorConfig, clients: Clients, now_ms: int) -> dict:
+    """Advise on the window ending at ``now_ms``; publish, keep the rule's state, notify."""
+    start_ms = now_ms - int(cfg.window_s * 1000)
+    try:
+        window = traces.read_cloudwatch(cfg.log_group, start_ms, now_ms, client=clients.logs, max_events=cfg.max_events)
+    except UserError as error:  # no requests in the window (or the log group is gone): nothing to advise on
+        return {"advised": False, "reason": str(error)}
+    copies = current_copies(cfg, clients.sagemaker)
+    per = cfg.copies_per_instance
+    fleet = FleetConfig(
+        instances=max(1, -(-copies // per)), copies=per,
+        preset=preset_for(cfg.instance_type, cfg.model, cfg.tensor_parallel_degree, stage=cfg.stage),
+        prefix_length=cfg.prefix_length, concurrency_threshold=cfg.concurrency_threshold,
+        block_tokens=window.block_tokens, block_bytes=window.block_bytes,
+    )
+    advice = advisor.advise(window, fleet, settings=cfg.notify)
+    dimensions = [{"Name": telemetry.DIMENSION_COMPONENT, "Value": cfg.component_name}]
+    clients.cloudwatch.put_metric_data(Namespace=cfg.namespace, MetricData=[
+        {"MetricName": spec.name, "Dimensions": dimensions, "Value": float(value), "Unit": spec.unit,
+         "Timestamp": now_ms / 1000.0}
+        for spec, value in advisor.metric_values(advice)
+    ])
+    state = _load_state(cfg, clients.ssm)
+    due, state = advisor.notify(advice, state, cfg.notify.after_runs)
+    if cfg.state_parameter and clients.ssm is not None:
+        clients.ssm.put_parameter(Name=cfg.state_parameter, Value=json.dumps(state), Type="String", Overwrite=True)
+    if due and cfg.topic_arn and clients.sns is not None:
+        best = advice["best"]
+        clients.sns.publish(
+            TopicArn=cfg.topic_arn,
+            Subject=f"{cfg.stage}: routing advisor: PrefixLength {best['prefix_length']}, "
+                    f"ConcurrencyThreshold {best['concurrency_threshold']} would pay"[:100],
+            Message=advisor.render(advice),
+        )
+    return {"advised": True, "requests": len(window), "copies": copies, "better": advice["better"],
+            "notified": due, "notes": list(window.notes), "advice": advice}
+
+
+def _load_state(cfg: AdvisorConfig, ssm: Any) -> dict | None:
+    if not cfg.state_parameter or ssm is None:
+        return None
+    try:
+        value = ssm.get_parameter(Name=cfg.state_parameter)["Parameter"]["Value"]
+    except ssm.exceptions.ParameterNotFound:
+        return None
+    try:
+        state = json.loads(value)
+    except ValueError:
+        return None  # not ours (the stack's placeholder, or edited by hand): start afresh
+    return state if isinstance(state, dict) else None
