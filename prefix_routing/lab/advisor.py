@@ -52,15 +52,20 @@ def advise(
     settings: NotifySettings = NotifySettings(),
 ) -> dict:
     """The advice for one window. ``config`` is the endpoint as deployed: its PrefixLength and
-    ConcurrencyThreshold are the current settings (and are always among the candidates)."""
+    ConcurrencyThreshold are the current settings (and are always among the candidates). The search
+    runs about len(prefix_lengths) + len(thresholds) simulations, not their product."""
     if not len(trace):
         raise UserError(f"{trace.source}: the window has no requests")
     current_config = replace(config, strategy=Strategy.PREFIX_AWARE)
     current = simulate(trace, current_config)
+    # A coordinate search instead of the whole grid, to fit a Lambda's minutes on a busy hour:
+    # every PrefixLength at the current threshold, then every threshold at the best PrefixLength.
     grid_lengths = sorted({*prefix_lengths, config.prefix_length})
     grid_thresholds = sorted({*thresholds, config.concurrency_threshold})
-    tuned = tune(trace, current_config, prefix_lengths=grid_lengths, thresholds=grid_thresholds,
-                 baselines=(Strategy.RANDOM,))
+    by_length = tune(trace, current_config, prefix_lengths=grid_lengths,
+                     thresholds=[config.concurrency_threshold], baselines=())
+    tuned = tune(trace, current_config, prefix_lengths=[by_length["recommendation"]["prefix_length"]],
+                 thresholds=grid_thresholds, baselines=(Strategy.RANDOM,))
     best = tuned["recommendation"]
     reuse = analyze(trace, prefix_lengths=(), group_blocks=())
     gain_points = 100.0 * (best["hit_rate"] - current.hit_rate)
