@@ -90,6 +90,34 @@ class NormalizerMetrics:
         )
 
 
+class AdvisorMetrics:
+    """What the routing advisor publishes once per run (``telemetry.ADVISOR_METRICS``), read per run."""
+
+    def __init__(self, *, component_name: str, schedule_minutes: int) -> None:
+        self._dimensions = {telemetry.DIMENSION_COMPONENT: component_name}
+        self._period = Duration.minutes(schedule_minutes)
+
+    def _metric(self, spec: telemetry.MetricSpec, label: str) -> cloudwatch.Metric:
+        return cloudwatch.Metric(namespace=telemetry.NAMESPACE, metric_name=spec.name, dimensions_map=self._dimensions,
+                                 statistic="Maximum", period=self._period, label=label)
+
+    def hit_rates(self) -> list[cloudwatch.Metric]:
+        """Measured in production against the lab's prediction now, at the best settings, and the bound."""
+        return [
+            self._metric(telemetry.MEASURED_HIT_RATE, "measured (request log)"),
+            self._metric(telemetry.PREDICTED_HIT_RATE, "predicted, current settings"),
+            self._metric(telemetry.BEST_PREDICTED_HIT_RATE, "predicted, best settings"),
+            self._metric(telemetry.HIT_RATE_BOUND, "bound (one infinite cache)"),
+        ]
+
+    def prefix_reuse_share(self) -> cloudwatch.Metric:
+        return self._metric(telemetry.PREFIX_REUSE_SHARE, "requests reusing a prefix")
+
+    def recommended(self) -> list[cloudwatch.Metric]:
+        return [self._metric(telemetry.RECOMMENDED_PREFIX_LENGTH, "recommended PrefixLength (bytes)"),
+                self._metric(telemetry.RECOMMENDED_CONCURRENCY_THRESHOLD, "recommended ConcurrencyThreshold")]
+
+
 class SageMakerMetrics:
     """SageMaker's own metrics for one endpoint and its inference component.
 

@@ -9,7 +9,8 @@ from prefix_routing.stage.config import StageConfig
 from stacks.constructs.alarms import AlertTopic, RoutingAlarms
 from stacks.constructs.dashboard import RoutingDashboard
 from stacks.constructs.log_insights import RequestLogInsights
-from stacks.metrics import NormalizerMetrics, SageMakerMetrics
+from stacks.constructs.routing_advisor import RoutingAdvisor
+from stacks.metrics import AdvisorMetrics, NormalizerMetrics, SageMakerMetrics
 
 
 class ObservabilityStack(Stack):
@@ -38,9 +39,15 @@ class ObservabilityStack(Stack):
             normalizer=normalizer,
             sagemaker=sagemaker,
             alarms=self.alarms.all,
+            advisor=AdvisorMetrics(component_name=config.component_name,
+                                   schedule_minutes=config.advisor.schedule_minutes) if config.advisor.enabled else None,
         )
         self.log_insights = RequestLogInsights(
             self, "RequestLog", log_group=request_log, name_prefix=config.endpoint_name
         )
+        self.advisor = None
+        if config.advisor.enabled:
+            self.advisor = RoutingAdvisor(self, "Advisor", config=config, request_log=request_log,
+                                          topic=self.alert_topic.topic)
         CfnOutput(self, "AlarmTopicArn", value=self.alert_topic.topic.topic_arn)
         CfnOutput(self, "DashboardName", value=f"{config.endpoint_name}-routing")

@@ -199,6 +199,21 @@ class NormalizerFunctionSettings(_Section):
     replication: ReplicationStageSettings = ReplicationStageSettings()
 
 
+class AdvisorSettings(_Section):
+    """The [advisor] section: the routing advisor function (prefix_routing.advisor), run on a schedule
+    over the last window of the normalizer's request log."""
+
+    enabled: bool = True
+    schedule_minutes: int = Field(60, ge=5, le=1440, description="minutes between runs; each reads that window")
+    notify_gain_points: float = Field(5.0, gt=0, le=100, description="hit-rate points the best settings must gain")
+    notify_ttft_gain: float = Field(0.2, gt=0, lt=1, description="or this share of P50 TTFT they must cut")
+    notify_after_runs: int = Field(3, ge=1, le=1000, description="consecutive runs with the same advice before notifying")
+    max_events: int = Field(100_000, ge=1000, le=1_000_000, description="request-log lines read per run at most")
+    memory_mb: int = Field(1024, ge=256, le=10240)
+    timeout_s: int = Field(300, ge=60, le=900)
+    log_retention_days: Literal[1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365] = 30
+
+
 class StageConfig(_Section):
     name: str = Field(DEFAULT_STAGE, pattern=_NAME, max_length=20)
     region: str | None = Field(None, pattern=r"^[a-z]{2}(-[a-z]+)+-\d$")
@@ -210,6 +225,7 @@ class StageConfig(_Section):
     scaling: ScalingSettings = ScalingSettings()
     alarms: AlarmSettings = AlarmSettings()
     normalizer: NormalizerFunctionSettings = NormalizerFunctionSettings()
+    advisor: AdvisorSettings = AdvisorSettings()
 
     @model_validator(mode="after")
     def _cross_section(self) -> "StageConfig":
@@ -353,7 +369,10 @@ def _allowed_range(loc: tuple[Any, ...]) -> str | None:
     if low is None and high is None:
         return None
     low_word = "more than" if "Gt" in bounds else "from"
-    return f"allowed: {low_word} {low} to {high}" if high is not None else f"allowed: {low_word} {low}"
+    high_word = "less than" if "Lt" in bounds else "to"  # "to 1" would wrongly allow 1
+    if high is None:
+        return f"allowed: {low_word} {low}"
+    return f"allowed: {low_word} {low} to {high}" if high_word == "to" else f"allowed: {low_word} {low}, {high_word} {high}"
 
 
 def _format_error(source: str, error: dict[str, Any]) -> str:

@@ -5,7 +5,19 @@ from __future__ import annotations
 from aws_cdk import aws_cloudwatch as cloudwatch
 from constructs import Construct
 
-from stacks.metrics import NormalizerMetrics, SageMakerMetrics
+from stacks.metrics import AdvisorMetrics, NormalizerMetrics, SageMakerMetrics
+
+ADVISOR_TEXT = """**Routing advisor** (every run, over the window of the request log since the last)
+
+* **measured** is what production cached; **predicted, current settings** is the lab's figure for
+  the same window at the deployed PrefixLength and ConcurrencyThreshold: a gap between them is the
+  model's drift, not a routing problem.
+* **predicted, best settings** above the current line by 5 points or more, run after run, is when
+  the advisor notifies the alarm topic with the `[routing]` snippet to apply (a change restarts
+  every copy with a cold cache).
+* **bound** is what one infinite cache shared by all copies would hold: no routing does better.
+* **prefix reuse share** above the 50 % line is the brief's rule of thumb; the advisor's verdict comes
+  from the simulated gain, not from it."""
 
 WIDTH = 24  # the dashboard grid is 24 columns wide
 
@@ -22,6 +34,7 @@ class RoutingDashboard(Construct):
         normalizer: NormalizerMetrics,
         sagemaker: SageMakerMetrics,
         alarms: list[cloudwatch.Alarm],
+        advisor: AdvisorMetrics | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         third = WIDTH // 3
@@ -102,3 +115,21 @@ class RoutingDashboard(Construct):
                 width=quarter,
             ),
         )
+        if advisor is not None:  # advisor.enabled: its row
+            self.dashboard.add_widgets(
+                cloudwatch.GraphWidget(
+                    title="Hit rate: measured vs the advisor's prediction, best and bound",
+                    left=advisor.hit_rates(),
+                    left_y_axis=cloudwatch.YAxisProps(min=0, max=1),
+                    width=third,
+                ),
+                cloudwatch.GraphWidget(
+                    title="Prefix reuse share (the brief's 50 % line) and the recommended settings",
+                    left=[advisor.prefix_reuse_share()],
+                    left_y_axis=cloudwatch.YAxisProps(min=0, max=1),
+                    left_annotations=[cloudwatch.HorizontalAnnotation(value=0.5, label="50 % (the brief's criterion)")],
+                    right=advisor.recommended(),
+                    width=third,
+                ),
+                cloudwatch.TextWidget(markdown=ADVISOR_TEXT, width=third, height=6),
+            )

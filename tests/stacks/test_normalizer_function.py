@@ -77,7 +77,7 @@ def test_no_wildcard_action_anywhere(default_templates):
 def test_asset_carries_the_handler_and_the_stdlib_library(default_stage):
     stacks, _ = default_stage
 
-    asset_dirs = [p for p in Path(stacks.normalizer.node.root.outdir).glob("asset.*") if p.is_dir()]
+    asset_dirs = [p for p in Path(stacks.normalizer.node.root.outdir).glob("asset.*") if (p / "run.sh").is_file()]
     assert asset_dirs
     contents = {p.relative_to(asset_dirs[0]).as_posix() for p in asset_dirs[0].rglob("*.py")}
     assert "handler.py" in contents
@@ -183,7 +183,7 @@ def _run_isolated(asset: Path) -> subprocess.CompletedProcess:
 
 def test_the_asset_carries_its_own_sdk_that_knows_prefix_aware_id(default_stage):
     stacks, _ = default_stage
-    (asset,) = [p for p in Path(stacks.normalizer.node.root.outdir).glob("asset.*") if (p / "handler.py").is_file()]
+    (asset,) = [p for p in Path(stacks.normalizer.node.root.outdir).glob("asset.*") if (p / "run.sh").is_file()]
     # bytecode compiled here would be for another Python than the function's runtime: none is shipped
     assert not [p for p in asset.rglob("*.pyc")][:1]
     result = _run_isolated(asset)

@@ -232,4 +232,7 @@ def test_log_group_acknowledgements_name_the_stages_groups(wiring):
         ("AwsSolutions-IAM5[Resource::*]", policy),
         (f"AwsSolutions-IAM5[{logs}/aws/sagemaker/Endpoints/wiring-prefix-llm:*]", policy),
         (f"AwsSolutions-IAM5[{logs}/aws/sagemaker/InferenceComponents/wiring-prefix-llm-ic:*]", policy),
+        ("AwsSolutions-IAM5[Resource::*]", "PrefixRouting-wiring-Observability/Advisor/Role/DefaultPolicy/Resource"),
+        ("AwsSolutions-IAM5[Action::kms:GenerateDataKey*]",
+         "PrefixRouting-wiring-Observability/Advisor/Role/DefaultPolicy/Resource"),
     }

@@ -206,3 +206,26 @@ def test_replication_without_prefix_aware_routing_is_a_warning():
     data["routing"] = {"strategy": "LEAST_OUTSTANDING_REQUESTS"}
     (warning,) = parse_stage(data, source="s.toml").warnings
     assert "normalizer.replication has no effect with routing.strategy LEAST_OUTSTANDING_REQUESTS" in warning
+
+
+@pytest.mark.parametrize(
+    "field, value, expected",
+    [
+        ("schedule_minutes", 2, "advisor.schedule_minutes = 2: allowed: from 5 to 1440"),
+        ("notify_gain_points", 0, "advisor.notify_gain_points = 0: allowed: more than 0 to 100"),
+        ("notify_ttft_gain", 1, "advisor.notify_ttft_gain = 1: allowed: more than 0, less than 1"),
+        ("notify_after_runs", 0, "advisor.notify_after_runs = 0: allowed: from 1 to 1000"),
+        ("enabled", "yes", "advisor.enabled = 'yes': Input should be a valid boolean"),
+        ("shedule_minutes", 60, "advisor.shedule_minutes: unknown key (a typo?)"),
+    ],
+)
+def test_advisor_mistake_is_named_with_value_and_what_is_allowed(field, value, expected):
+    with pytest.raises(ConfigError) as raised:
+        parse_stage(_with(f"advisor.{field}", value), source="stage.toml")
+    assert str(raised.value).startswith(f"stage.toml: {expected}")
+
+
+def test_advisor_defaults():
+    advisor = load_stage().advisor
+    assert (advisor.enabled, advisor.schedule_minutes, advisor.notify_gain_points, advisor.notify_ttft_gain,
+            advisor.notify_after_runs, advisor.max_events) == (True, 60, 5.0, 0.2, 3, 100_000)
