@@ -25,18 +25,17 @@ T0_MS = 1_796_032_800_000
 def front_door_log(path, records, *, prefix_length: int) -> None:
     """Each record through the front door (FakeRuntime answers with usage), its request log line
     kept, with the record's arrival time as the line's timestamp (the fake answers at once)."""
-    lines = Lines()
     cfg = config(settings=NormalizerSettings(prefix_length=prefix_length))
     out = []
     for record in records:
         usage = {"prompt_tokens": record["input_length"], "completion_tokens": 1,
                  "total_tokens": record["input_length"] + 1,
                  "prompt_tokens_details": {"cached_tokens": record["input_length"] // 4}}
+        lines = Lines()  # one per request: Lines.requests parses all it holds
         invoker = frontdoor.Invoker(FakeRuntime(sse_chunks(usage=usage)), cfg, KEY, emit=lines)
-        before = len(lines.requests)
         body = json.dumps(chat_body(record, max_tokens=record["output_length"]))
         assert invoker.buffered(frontdoor.request_from_event(url_event(body))).status == 200
-        (line,) = lines.requests[before:]
+        (line,) = lines.requests
         line[LogField.TIMESTAMP_MS] = T0_MS + int(record["timestamp"])
         out.append(json.dumps(line))
     path.write_text("\n".join(out) + "\n")
