@@ -32,6 +32,7 @@ class AdvisorConfig:
     copies_max: int
     prefix_length: int
     concurrency_threshold: int
+    scaling_target: float = 1.0  # scaling.target_concurrent_requests_per_copy: the lowest threshold to advise
     topic_arn: str | None = None
     state_parameter: str | None = None
     namespace: str = telemetry.NAMESPACE
@@ -76,6 +77,7 @@ class AdvisorConfig:
             copies_max=number("COPIES_MAX", 1, int, 1, 100_000),
             prefix_length=number("PREFIX_LENGTH", 4096, int, 1024, 65536),
             concurrency_threshold=number("CONCURRENCY_THRESHOLD", 1024, int, 1, 1024),
+            scaling_target=number("SCALING_TARGET", 1.0, float, 0.0, 1024.0),
             topic_arn=env.get("ALARM_TOPIC_ARN") or None,
             state_parameter=env.get("STATE_PARAMETER") or None,
             namespace=env.get("METRIC_NAMESPACE") or telemetry.NAMESPACE,
@@ -121,7 +123,7 @@ def run_once(cfg: AdvisorConfig, clients: Clients, now_ms: int) -> dict:
         prefix_length=cfg.prefix_length, concurrency_threshold=cfg.concurrency_threshold,
         block_tokens=window.block_tokens, block_bytes=window.block_bytes,
     )
-    advice = advisor.advise(window, fleet, settings=cfg.notify)
+    advice = advisor.advise(window, fleet, settings=cfg.notify, min_threshold=cfg.scaling_target)
     dimensions = [{"Name": telemetry.DIMENSION_COMPONENT, "Value": cfg.component_name}]
     clients.cloudwatch.put_metric_data(Namespace=cfg.namespace, MetricData=[
         {"MetricName": spec.name, "Dimensions": dimensions, "Value": float(value), "Unit": spec.unit,

@@ -55,7 +55,7 @@ def run(args) -> int:
                                         region=args.region or stage.region)
     lab_args.report_skipped(window)
     config = FleetConfig(**values, block_tokens=window.block_tokens, block_bytes=window.block_bytes)
-    advice = advisor.advise(window, config)
+    advice = advisor.advise(window, config, min_threshold=stage.scaling.target_concurrent_requests_per_copy)
     if args.json:
         lab_args.print_json(advice)
     else:

@@ -50,10 +50,13 @@ def advise(
     prefix_lengths: Sequence[int] = CANDIDATE_PREFIX_LENGTHS,
     thresholds: Sequence[int] = CANDIDATE_THRESHOLDS,
     settings: NotifySettings = NotifySettings(),
+    min_threshold: float = 1,
 ) -> dict:
     """The advice for one window. ``config`` is the endpoint as deployed: its PrefixLength and
     ConcurrencyThreshold are the current settings (and are always among the candidates). The search
-    runs about len(prefix_lengths) + len(thresholds) simulations, not their product."""
+    runs about len(prefix_lengths) + len(thresholds) simulations, not their product. Thresholds
+    below ``min_threshold`` (the stage's scaling target: copies must not spill before autoscaling
+    adds capacity, a rule the stage file enforces) are not recommended."""
     if not len(trace):
         raise UserError(f"{trace.source}: the window has no requests")
     current_config = replace(config, strategy=Strategy.PREFIX_AWARE)
@@ -61,7 +64,7 @@ def advise(
     # A coordinate search instead of the whole grid, to fit a Lambda's minutes on a busy hour:
     # every PrefixLength at the current threshold, then every threshold at the best PrefixLength.
     grid_lengths = sorted({*prefix_lengths, config.prefix_length})
-    grid_thresholds = sorted({*thresholds, config.concurrency_threshold})
+    grid_thresholds = sorted({*(t for t in thresholds if t >= min_threshold), config.concurrency_threshold})
     by_length = tune(trace, current_config, prefix_lengths=grid_lengths,
                      thresholds=[config.concurrency_threshold], baselines=())
     tuned = tune(trace, current_config, prefix_lengths=[by_length["recommendation"]["prefix_length"]],

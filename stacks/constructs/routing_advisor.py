@@ -127,6 +127,7 @@ class RoutingAdvisor(Construct):
                 "COPIES_MAX": str(config.endpoint.copies_max),
                 "PREFIX_LENGTH": str(routing.prefix_length or 4096),
                 "CONCURRENCY_THRESHOLD": str(routing.concurrency_threshold or 1024),
+                "SCALING_TARGET": repr(float(config.scaling.target_concurrent_requests_per_copy)),
                 "ALARM_TOPIC_ARN": topic.topic_arn,
                 "STATE_PARAMETER": self.state.parameter_name,
                 "METRIC_NAMESPACE": telemetry.NAMESPACE,

@@ -131,3 +131,10 @@ def test_a_run_publishes_the_advisor_metrics_from_its_advice():
                       "RecommendedConcurrencyThreshold": 8.0}  # no measured hit rate: none reported
     values = dict((spec, v) for spec, v in advisor.metric_values({**advice, "measured_hit_rate": 0.31}))
     assert values[t.MEASURED_HIT_RATE] == 0.31 and set(values) == set(t.ADVISOR_METRICS)
+
+
+def test_no_threshold_below_the_scaling_target_is_recommended(window):
+    # The stage file refuses a ConcurrencyThreshold below scaling.target_concurrent_requests_per_copy.
+    advice = advisor.advise(window, fleet(1024), prefix_lengths=(1024, 4096), thresholds=(1, 2, 4, 8, 1024),
+                            min_threshold=4)
+    assert advice["best"]["concurrency_threshold"] >= 4
