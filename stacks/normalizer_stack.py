@@ -30,3 +30,5 @@ class NormalizerStack(Stack):
         )
         CfnOutput(self, "FunctionUrl", value=self.normalizer.function_url.url)
         CfnOutput(self, "FunctionName", value=self.normalizer.function.function_name)
+        # The request log the lab and the advisor read (advise --stage finds it here).
+        CfnOutput(self, "RequestLogGroupName", value=self.normalizer.log_group.log_group_name)

@@ -18,9 +18,10 @@ HELP = "the routing advisor: replay a window of the request log, compare the set
 
 def add_arguments(parser) -> None:
     parser.add_argument("--stage", required=True, metavar="NAME", help="the deployed stage (config/NAME.toml, or default)")
-    source = parser.add_mutually_exclusive_group(required=True)
+    source = parser.add_mutually_exclusive_group()
     source.add_argument("--log-file", metavar="FILE", help="a saved request log (JSON lines, .gz ok): offline")
-    source.add_argument("--log-group", metavar="NAME", help="the normalizer's CloudWatch log group (FilterLogEvents)")
+    source.add_argument("--log-group", metavar="NAME", help="the normalizer's CloudWatch log group (default: the "
+                        "RequestLogGroupName output of the stage's Normalizer stack)")
     parser.add_argument("--since", default="1h", metavar="AGE", help="--log-group: the window, e.g. 30m, 1h, 6h (default 1h)")
     parser.add_argument("--region", help="--log-group: AWS region (default: the stage's, or the usual chain)")
     parser.add_argument("--copies", type=lab_args._ranged_int("--copies", 1, 1024), metavar="N",
@@ -34,6 +35,23 @@ def parse_age(text: str) -> float:
     if not match or float(match.group(1)) <= 0:
         raise UserError(f"--since {text!r}: expected a positive age such as 30m, 1h or 2d")
     return float(match.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+
+
+def request_log_group(cloudformation, stage) -> str:
+    """The deployed stage's request log group: its Normalizer stack's ``RequestLogGroupName`` output."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from prefix_routing.verify.function import stack_outputs
+
+    stack = f"{stage.stack_prefix}-Normalizer"
+    try:
+        outputs = stack_outputs(cloudformation, stack)
+    except (ClientError, BotoCoreError) as error:
+        raise UserError(f"stack {stack}: {error}; deploy it, or give --log-group or --log-file") from None
+    if "RequestLogGroupName" not in outputs:
+        raise UserError(f"stack {stack} has no RequestLogGroupName output (deployed before it existed): "
+                        "give --log-group")
+    return outputs["RequestLogGroupName"]
 
 
 def run(args) -> int:
@@ -50,9 +68,12 @@ def run(args) -> int:
     if args.log_file:
         window = traces.read_request_log(args.log_file)
     else:
+        import boto3
+
+        region = args.region or stage.region
+        group = args.log_group or request_log_group(boto3.client("cloudformation", region_name=region), stage)
         end = int(time.time() * 1000)
-        window = traces.read_cloudwatch(args.log_group, end - int(parse_age(args.since) * 1000), end,
-                                        region=args.region or stage.region)
+        window = traces.read_cloudwatch(group, end - int(parse_age(args.since) * 1000), end, region=region)
     lab_args.report_skipped(window)
     config = FleetConfig(**values, block_tokens=window.block_tokens, block_bytes=window.block_bytes)
     advice = advisor.advise(window, config, min_threshold=stage.scaling.target_concurrent_requests_per_copy)

@@ -50,11 +50,31 @@ def test_advise_on_a_saved_log_recommends_leaving_the_shared_block(stages, capsy
     assert code == 0 and json.loads(out)["better"] is False
 
 
-def test_advise_needs_one_source_and_a_known_stage(stages, capsys):
+def test_the_log_group_comes_from_the_normalizer_stacks_output():
+    import boto3
+    from botocore.stub import Stubber
+
+    from prefix_routing.cli.advise import request_log_group
+    from prefix_routing.stage.config import load_stage
+
+    stage = load_stage()
+    client = boto3.client("cloudformation", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    with Stubber(client) as stub:
+        stub.add_response("describe_stacks", {"Stacks": [{
+            "StackName": f"{stage.stack_prefix}-Normalizer", "CreationTime": 0, "StackStatus": "CREATE_COMPLETE",
+            "Outputs": [{"OutputKey": "RequestLogGroupName", "OutputValue": "PrefixRouting-default-Normalizer-Logs1"}]}]},
+            {"StackName": f"{stage.stack_prefix}-Normalizer"})
+        assert request_log_group(client, stage) == "PrefixRouting-default-Normalizer-Logs1"
+        stub.add_client_error("describe_stacks", "ValidationError", "Stack with id x does not exist")
+        with pytest.raises(UserError, match="deploy it, or give --log-group or --log-file"):
+            request_log_group(client, stage)
+
+
+def test_advise_needs_two_sources_at_most_and_a_known_stage(stages, capsys):
     with pytest.raises(SystemExit) as exited:  # argparse's own usage error
-        main(["advise", "--stage", "pl1024"])
+        main(["advise", "--stage", "pl1024", "--log-file", "a", "--log-group", "b"])
     assert exited.value.code == 2
-    assert "one of the arguments --log-file --log-group is required" in capsys.readouterr().err
+    assert "not allowed with argument" in capsys.readouterr().err
     assert main(["advise", "--stage", "nope", "--log-file", str(stages / "log.jsonl")]) == 2
     assert "nope" in capsys.readouterr().err
 
