@@ -158,3 +158,23 @@ def _load_state(cfg: AdvisorConfig, ssm: Any) -> dict | None:
     except ValueError:
         return None  # not ours (the stack's placeholder, or edited by hand): start afresh
     return state if isinstance(state, dict) else None
+
+
+def request_log_group(stack: str, *, region: str | None = None, cloudformation: Any = None) -> str:
+    """The deployed stage's request log group: its Normalizer ``stack``'s ``RequestLogGroupName``
+    output (``advise --stage`` without ``--log-group``)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    if cloudformation is None:
+        import boto3
+
+        cloudformation = boto3.client("cloudformation", region_name=region)
+    try:
+        (described,) = cloudformation.describe_stacks(StackName=stack)["Stacks"]
+    except (ClientError, BotoCoreError) as error:
+        raise UserError(f"stack {stack}: {error}; deploy it, or give --log-group or --log-file") from None
+    outputs = {o["OutputKey"]: o["OutputValue"] for o in described.get("Outputs", [])}
+    if "RequestLogGroupName" not in outputs:
+        raise UserError(f"stack {stack} has no RequestLogGroupName output (deployed before it existed): "
+                        "give --log-group")
+    return outputs["RequestLogGroupName"]

@@ -37,23 +37,6 @@ def parse_age(text: str) -> float:
     return float(match.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
 
 
-def request_log_group(cloudformation, stage) -> str:
-    """The deployed stage's request log group: its Normalizer stack's ``RequestLogGroupName`` output."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    from prefix_routing.verify.function import stack_outputs
-
-    stack = f"{stage.stack_prefix}-Normalizer"
-    try:
-        outputs = stack_outputs(cloudformation, stack)
-    except (ClientError, BotoCoreError) as error:
-        raise UserError(f"stack {stack}: {error}; deploy it, or give --log-group or --log-file") from None
-    if "RequestLogGroupName" not in outputs:
-        raise UserError(f"stack {stack} has no RequestLogGroupName output (deployed before it existed): "
-                        "give --log-group")
-    return outputs["RequestLogGroupName"]
-
-
 def run(args) -> int:
     from prefix_routing.cli.stages import load_stage_arg
     from prefix_routing.lab import advisor, traces
@@ -68,10 +51,10 @@ def run(args) -> int:
     if args.log_file:
         window = traces.read_request_log(args.log_file)
     else:
-        import boto3
+        from prefix_routing.advisor.function import request_log_group
 
         region = args.region or stage.region
-        group = args.log_group or request_log_group(boto3.client("cloudformation", region_name=region), stage)
+        group = args.log_group or request_log_group(f"{stage.stack_prefix}-Normalizer", region=region)
         end = int(time.time() * 1000)
         window = traces.read_cloudwatch(group, end - int(parse_age(args.since) * 1000), end, region=region)
     lab_args.report_skipped(window)

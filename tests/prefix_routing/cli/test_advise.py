@@ -54,7 +54,7 @@ def test_the_log_group_comes_from_the_normalizer_stacks_output():
     import boto3
     from botocore.stub import Stubber
 
-    from prefix_routing.cli.advise import request_log_group
+    from prefix_routing.advisor.function import request_log_group
     from prefix_routing.stage.config import load_stage
 
     stage = load_stage()
@@ -64,10 +64,11 @@ def test_the_log_group_comes_from_the_normalizer_stacks_output():
             "StackName": f"{stage.stack_prefix}-Normalizer", "CreationTime": 0, "StackStatus": "CREATE_COMPLETE",
             "Outputs": [{"OutputKey": "RequestLogGroupName", "OutputValue": "PrefixRouting-default-Normalizer-Logs1"}]}]},
             {"StackName": f"{stage.stack_prefix}-Normalizer"})
-        assert request_log_group(client, stage) == "PrefixRouting-default-Normalizer-Logs1"
+        stack = f"{stage.stack_prefix}-Normalizer"
+        assert request_log_group(stack, cloudformation=client) == "PrefixRouting-default-Normalizer-Logs1"
         stub.add_client_error("describe_stacks", "ValidationError", "Stack with id x does not exist")
         with pytest.raises(UserError, match="deploy it, or give --log-group or --log-file"):
-            request_log_group(client, stage)
+            request_log_group(stack, cloudformation=client)
 
 
 def test_advise_needs_two_sources_at_most_and_a_known_stage(stages, capsys):
