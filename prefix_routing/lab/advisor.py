@@ -19,7 +19,6 @@ from prefix_routing.lab.analyze import analyze
 from prefix_routing.lab.common import CANDIDATE_PREFIX_LENGTHS, CANDIDATE_THRESHOLDS
 from prefix_routing.lab.fleet_config import FleetConfig
 from prefix_routing.lab.routing import Strategy
-from prefix_routing.lab.simulate import simulate
 from prefix_routing.lab.traces import Trace
 from prefix_routing.lab.tune import tune
 from prefix_routing.rules import telemetry
@@ -60,19 +59,22 @@ def advise(
     if not len(trace):
         raise UserError(f"{trace.source}: the window has no requests")
     current_config = replace(config, strategy=Strategy.PREFIX_AWARE)
-    current = simulate(trace, current_config)
+    reuse = analyze(trace, prefix_lengths=(), group_blocks=())
     # A coordinate search instead of the whole grid, to fit a Lambda's minutes on a busy hour:
-    # every PrefixLength at the current threshold, then every threshold at the best PrefixLength.
+    # every PrefixLength at the current threshold (which includes the current settings), then
+    # every threshold at the best PrefixLength.
     grid_lengths = sorted({*prefix_lengths, config.prefix_length})
     grid_thresholds = sorted({*(t for t in thresholds if t >= min_threshold), config.concurrency_threshold})
+    deployed = (config.replication,)  # the front door's replication as deployed
     by_length = tune(trace, current_config, prefix_lengths=grid_lengths,
-                     thresholds=[config.concurrency_threshold], baselines=())
+                     thresholds=[config.concurrency_threshold], baselines=(), replications=deployed)
+    current = next(p for p in by_length["points"] if p["prefix_length"] == config.prefix_length)
     tuned = tune(trace, current_config, prefix_lengths=[by_length["recommendation"]["prefix_length"]],
-                 thresholds=grid_thresholds, baselines=(Strategy.RANDOM,))
+                 thresholds=grid_thresholds, baselines=(Strategy.RANDOM,), replications=deployed,
+                 reuse_share=reuse["prefix_reuse"])
     best = tuned["recommendation"]
-    reuse = analyze(trace, prefix_lengths=(), group_blocks=())
-    gain_points = 100.0 * (best["hit_rate"] - current.hit_rate)
-    ttft_gain = 1.0 - best["ttft_p50_s"] / current.ttft_p50_s if current.ttft_p50_s > 0 else 0.0
+    gain_points = 100.0 * (best["hit_rate"] - current["hit_rate"])
+    ttft_gain = 1.0 - best["ttft_p50_s"] / current["ttft_p50_s"] if current["ttft_p50_s"] > 0 else 0.0
     same = (best["prefix_length"], best["concurrency_threshold"]) == (config.prefix_length, config.concurrency_threshold)
     better = not same and (gain_points >= settings.gain_points - 1e-9 or ttft_gain >= settings.ttft_gain - 1e-9)
     return {
@@ -80,7 +82,7 @@ def advise(
         "hit_rate_bound": reuse["hit_rate_bound_tokens"],
         "prefix_reuse_share": reuse["prefix_reuse"],
         "measured_hit_rate": trace.measured_hit_rate(),
-        "current": _settings(config.prefix_length, config.concurrency_threshold, current.hit_rate, current.ttft_p50_s),
+        "current": _settings(config.prefix_length, config.concurrency_threshold, current["hit_rate"], current["ttft_p50_s"]),
         "best": _settings(best["prefix_length"], best["concurrency_threshold"], best["hit_rate"], best["ttft_p50_s"]),
         "gain_points": gain_points,
         "ttft_gain": ttft_gain,

@@ -26,9 +26,11 @@ def tune(
     speed: float = 1.0,
     progress: bool | None = None,
     replications: Sequence[ReplicationSettings | None] = (None,),
+    reuse_share: float | None = None,
 ) -> dict:
     """Sweep PREFIX_AWARE over PrefixLength × ConcurrencyThreshold (× hot-prefix replication: None
-    for off, or settings to try), plus baseline strategies.
+    for off, or settings to try), plus baseline strategies. With RANDOM among them the result has
+    the verdict (lab/verdict.py); ``reuse_share``: the trace's prefix reuse, if already analyzed.
 
     Recommendation: among the PREFIX_AWARE points whose max/mean requests per instance is at most
     ``max_imbalance`` and whose hit rate is within ``hit_tolerance`` (relative) of the best hit rate
@@ -109,8 +111,9 @@ def tune(
         from prefix_routing.lab.analyze import analyze
         from prefix_routing.lab.verdict import routing_verdict
 
-        reuse = analyze(trace, prefix_lengths=(), group_blocks=())["prefix_reuse"]
-        verdict = routing_verdict(prefix_aware=best, random=random, reuse_share=reuse)
+        if reuse_share is None:  # the caller may have it from its own analyze pass already
+            reuse_share = analyze(trace, prefix_lengths=(), group_blocks=())["prefix_reuse"]
+        verdict = routing_verdict(prefix_aware=best, random=random, reuse_share=reuse_share)
     return {
         "source": trace.source,
         "requests": len(trace),
