@@ -42,10 +42,6 @@ def verdict_for(args, trace, spec, reuse_share: float) -> dict:
     """RANDOM and PREFIX_AWARE simulated on the fleet (the stage's PrefixLength and threshold)."""
     from prefix_routing.lab.verdict import routing_verdict
 
-    for name in ("copies", "cache_tokens", "cache_policy", "slot_prompt_similarity", "cache_ram", "preset_file",
-                 "replication", "replication_target_share", "replication_max_replicas", "autoscaling",
-                 "autoscaling_target", "autoscaling_min", "copy_startup_s"):
-        setattr(args, name, getattr(args, name, None))  # the fleet flags analyze does not take
     config = lab_args.fleet_config_from_args(args, trace, spec)
     random, prefix = lab.simulate_many(trace, config, [lab.Strategy.RANDOM, lab.Strategy.PREFIX_AWARE])
     verdict = routing_verdict(prefix_aware=prefix.as_dict(), random=random.as_dict(), reuse_share=reuse_share)

@@ -341,6 +341,7 @@ def replication_from_args(args) -> "ReplicationSettings | None":
 
 def fleet_config_from_args(args, trace: Trace | None, spec: "LongContextSpec | None", **fixed) -> FleetConfig:
     """A FleetConfig from the flags; unset flags fall back to the workload's or the lab's defaults.
+    A command without some fleet flags (``analyze``) gets their defaults.
 
     Called once before the trace is read (``trace=None``), so that bad flags fail fast.
     """
@@ -357,11 +358,11 @@ def fleet_config_from_args(args, trace: Trace | None, spec: "LongContextSpec | N
     staged_copies = staged["copies"] if stage is not None and not preset else None
     values = {
         "instances": args.instances or base.instances,
-        "copies": args.copies or staged_copies,
+        "copies": getattr(args, "copies", None) or staged_copies,
         "preset": preset or base.preset,
         "prefix_length": base.prefix_length,
         "concurrency_threshold": base.concurrency_threshold,
-        "cache_tokens": args.cache_tokens if args.cache_tokens is not None else base.cache_tokens,
+        "cache_tokens": cache if (cache := getattr(args, "cache_tokens", None)) is not None else base.cache_tokens,
         "bytes_per_token": args.bytes_per_token,
         "key_offset_bytes": key_offset_bytes(args),
         "block_tokens": trace.block_tokens if trace else base.block_tokens,
