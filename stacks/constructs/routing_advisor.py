@@ -26,15 +26,13 @@ from constructs import Construct
 
 from prefix_routing.rules import telemetry
 from prefix_routing.stage.config import StageConfig
-from stacks.constructs.normalizer_function import _RETENTION
+from stacks.constructs.lambda_assets import IGNORE, RETENTION, copy_library
 from stacks.nag import acknowledge
 
-ROOT = Path(__file__).resolve().parents[2]
-HANDLER_DIR = ROOT / "lambda" / "advisor"
+HANDLER_DIR = Path(__file__).resolve().parents[2] / "lambda" / "advisor"
 #: What the function imports: never the front door, the emulator, the load tester or the command line.
 LIBRARY_PACKAGES = ("rules", "lab", "advisor")
 STAGE_MODULES = ("__init__.py", "presets.py")  # the preset tables only: stage/config.py needs pydantic
-_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc")
 
 
 @jsii.implements(ILocalBundling)
@@ -43,15 +41,8 @@ class _CopyBundler:
 
     def try_bundle(self, output_dir: str, *, image: DockerImage, **_: object) -> bool:
         out = Path(output_dir)
-        shutil.copytree(HANDLER_DIR, out, dirs_exist_ok=True, ignore=_IGNORE)
-        package = out / "prefix_routing"
-        package.mkdir(exist_ok=True)
-        shutil.copy2(ROOT / "prefix_routing" / "__init__.py", package / "__init__.py")
-        for name in LIBRARY_PACKAGES:
-            shutil.copytree(ROOT / "prefix_routing" / name, package / name, dirs_exist_ok=True, ignore=_IGNORE)
-        (package / "stage").mkdir(exist_ok=True)
-        for module in STAGE_MODULES:
-            shutil.copy2(ROOT / "prefix_routing" / "stage" / module, package / "stage" / module)
+        shutil.copytree(HANDLER_DIR, out, dirs_exist_ok=True, ignore=IGNORE)
+        copy_library(out, LIBRARY_PACKAGES, modules={"stage": STAGE_MODULES})
         return True
 
 
@@ -79,7 +70,7 @@ class RoutingAdvisor(Construct):
         super().__init__(scope, construct_id)
         settings = config.advisor
         stack = Stack.of(self)
-        self.log_group = logs.LogGroup(self, "Logs", retention=_RETENTION[settings.log_retention_days],
+        self.log_group = logs.LogGroup(self, "Logs", retention=RETENTION[settings.log_retention_days],
                                        removal_policy=RemovalPolicy.DESTROY)
         self.state = ssm.StringParameter(
             self, "State", string_value="{}",
