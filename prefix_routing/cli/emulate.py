@@ -33,6 +33,9 @@ def add_arguments(parser) -> None:
                          help="--engines: context tokens per engine, shared by its slots (default 8192)")
     engines.add_argument("--engine-cache-ram", type=int, metavar="MIB",
                          help="--engines: MiB of saved slot states per engine (default llama.cpp's 8192)")
+    parser.add_argument("--front-door", type=int, metavar="PORT",
+                        help="also serve the front door (the normalizer function's web app) on this port of 127.0.0.1, "
+                             "called as its Function URL is (SigV4; the access key id names the caller)")
     parser.add_argument("--duration", type=float, help="stop after this many seconds (default: until Ctrl-C)")
 
 
@@ -51,8 +54,11 @@ def run(args) -> int:
         if not instance.isdigit() or not factor:
             raise UserError(f"--slow-instance {args.slow_instance!r}: expected INSTANCE:FACTOR, e.g. 0:3")
         slow = (int(instance), _number("--slow-instance factor", factor))
-    if not 0 <= args.port <= 65535:
-        raise UserError(f"--port {args.port}: allowed 0 to 65535")
+    for flag, port in (("--port", args.port), ("--front-door", args.front_door)):
+        if port is not None and not 0 <= port <= 65535:
+            raise UserError(f"{flag} {port}: allowed 0 to 65535")
+    if args.front_door is not None and args.front_door != 0 and args.front_door == args.port:
+        raise UserError(f"--front-door {args.front_door}: the emulator already listens on that port (--port)")
     faults = Faults.from_spec(args.faults)
     if args.engines is not None or args.engine_url:
         return _run_on_engines(args, config, faults)
@@ -106,6 +112,21 @@ def _serve(args, config, server, model: str) -> None:
         file=sys.stderr,
         flush=True,
     )
+    front_door = None
+    if args.front_door is not None:
+        from prefix_routing.frontdoor.local import LocalFrontDoor
+        from prefix_routing.stage.front_door_env import front_door_environment
+
+        front_door = LocalFrontDoor(server.url, front_door_environment(config), port=args.front_door)
+        print(
+            f"front door (tenancy {config.normalizer.tenancy}) at {front_door.url}\n"
+            f"  call it as the Function URL: SigV4-signed for service lambda, region us-east-1; the access key id "
+            f"names the caller (arn:aws:iam::000000000000:user/<key id>)\n"
+            f"  a direct invocation as the adapter forwards one: POST {front_door.url}/events with "
+            f"x-amzn-request-context: null",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         if args.duration:
             time.sleep(args.duration)
@@ -115,6 +136,8 @@ def _serve(args, config, server, model: str) -> None:
     except KeyboardInterrupt:
         pass
     finally:
+        if front_door is not None:
+            front_door.stop()
         server.stop()
 
 

@@ -44,7 +44,9 @@ class InvokeConfig:
     ``stream_usage`` (add ``stream_options.include_usage`` to streaming chat/completion bodies),
     ``replication`` (hot-prefix replication, :class:`~prefix_routing.rules.replication.ReplicationSettings`),
     ``copies_min`` / ``copies_max`` (the stage's copy bounds: the copy count replication assumes
-    before the first ``DescribeInferenceComponent`` reading, and the most it believes).
+    before the first ``DescribeInferenceComponent`` reading, and the most it believes),
+    ``allow_direct_invoke`` (answer direct invocations, which name their own tenant, under the
+    ``iam`` and ``header`` tenancies: off by default, so that the Function URL is the one way in).
     """
 
     endpoint_name: str
@@ -61,6 +63,7 @@ class InvokeConfig:
     replication: ReplicationSettings = field(default_factory=ReplicationSettings)
     copies_min: int = 1
     copies_max: int | None = None
+    allow_direct_invoke: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.endpoint_name, str) or not self.endpoint_name:
@@ -100,7 +103,8 @@ class InvokeConfig:
         ``UPSTREAM_MAX_ATTEMPTS``, ``REQUEST_TIMEOUT_S``, ``STREAM_USAGE`` (true|false),
         ``REPLICATION_ENABLED`` (true|false, default false), ``REPLICATION_MAX_REPLICAS``,
         ``REPLICATION_TARGET_SHARE_FACTOR``, ``REPLICATION_HALF_LIFE_S`` (absent: the defaults of
-        :class:`~prefix_routing.rules.replication.ReplicationSettings`), ``COPIES_MIN``, ``COPIES_MAX``.
+        :class:`~prefix_routing.rules.replication.ReplicationSettings`), ``COPIES_MIN``, ``COPIES_MAX``,
+        ``ALLOW_DIRECT_INVOKE`` (true|false, default false).
         """
         env = os.environ if environ is None else environ
         data: dict[str, Any] = {}
@@ -135,6 +139,7 @@ class InvokeConfig:
             replication=_replication(env),
             copies_min=_number(env, "COPIES_MIN", 1, int),
             copies_max=_number(env, "COPIES_MAX", 0, int) or None,
+            allow_direct_invoke=_flag(env, "ALLOW_DIRECT_INVOKE", False),
         )
 
 

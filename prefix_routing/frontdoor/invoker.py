@@ -16,7 +16,7 @@ from prefix_routing.frontdoor.replicas import Replicas
 from prefix_routing.frontdoor.request import FrontRequest, RequestError
 from prefix_routing.frontdoor.stream import StreamReader
 from prefix_routing.frontdoor.upstream import Upstream, _close_body, _jitter, _Opened
-from prefix_routing.frontdoor.upstream_errors import UpstreamError, _one_line, classify_error
+from prefix_routing.frontdoor.upstream_errors import MODEL_REJECTED, UpstreamError, _one_line, classify_error
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +81,14 @@ class _State:
         self.concluded = False
 
 
+#: Whose fault a failed call was, by its kind (else the endpoint's): a container's own 4xx is the caller's.
+_ORIGINS = {"internal": "internal", MODEL_REJECTED: "client"}
+
+
+def _since_ms(start: float, now: float) -> float:
+    return (now - start) * 1000.0
+
+
 class Invoker:
     """The front door: :meth:`stream` for the Function URL, :meth:`buffered` for direct invocations.
 
@@ -122,7 +130,11 @@ class Invoker:
     def stream(self, request: FrontRequest, *, collect: bool = False) -> Iterator[Head | bytes | Outcome]:
         """Yield a :class:`Head`, the answer's bytes as they arrive, then an :class:`Outcome`.
 
-        The request's metrics and log line are written before the :class:`Outcome` is yielded. Close
+        The consumer writes each item before it asks for the next, so the moment a ``yield`` of bytes
+        returns is the moment they were handed to the client's socket: time to first token and the
+        end of the answer are taken there, from the request's arrival (what the client feels, less
+        the network and whatever sits in front of the web app). The request's metrics and log line
+        are written before the :class:`Outcome` is yielded. Close
         the generator (``.close()``) if the caller goes away mid-answer: the upstream stream is closed
         and the request is logged with status 499 (``client_closed``).
         """
@@ -159,7 +171,7 @@ class Invoker:
         state.concluded = True
         if state.opened is not None:
             _close_body(state.opened.response)
-        record.wall_ms = (self.clock() - request.arrival) * 1000.0
+        record.wall_ms = _since_ms(request.arrival, self.clock())
         if record.status is None:
             record.status = 500
         if self.replicas is not None:
@@ -200,7 +212,7 @@ class Invoker:
             opened = state.opened = self.upstream.open(prepared, record, deadline, prefix_aware_id)
         except UpstreamError as error:
             record.status, record.error_kind = error.status, error.kind
-            record.origin = "internal" if error.kind == "internal" else "upstream"
+            record.origin = _ORIGINS.get(error.kind, "upstream")
             headers = dict(JSON_HEADERS)
             if error.status == 429:
                 headers["retry-after"] = str(max(1, math.ceil(self.config.backoff_max_s)))
@@ -211,7 +223,7 @@ class Invoker:
             self._conclude(request, record, state)
             yield Outcome(error.status, body["error"], record)
             return
-        record.ttft_ms = (opened.first_at - opened.started) * 1000.0
+        record.upstream_ttft_ms = _since_ms(opened.started, opened.first_at)
         reader = state.reader = StreamReader(expects_usage=prepared.expects_usage, collect=collect)
         headers = {
             "content-type": opened.content_type,
@@ -226,18 +238,21 @@ class Invoker:
         last = opened.first[-2:]
         reader.feed(opened.first)
         yield opened.first
+        delivered = self.clock()  # the head and the first bytes are in the client's socket
+        record.ttft_ms = _since_ms(request.arrival, delivered)
         try:
             for chunk in opened.events:
                 reader.feed(chunk)
                 last = (last + chunk)[-2:]
                 yield chunk
-                if self.clock() > deadline:
+                delivered = self.clock()
+                if delivered > deadline:
                     failure = UpstreamError(504, "timeout", "the answer took longer than the front door's limit "
                                             f"of {self.config.request_timeout_s:g} s")
                     break
         except Exception as exc:  # noqa: BLE001 - a mid-stream failure (GeneratorExit is not an Exception)
             failure = classify_error(exc)
-        record.total_ms = (self.clock() - opened.started) * 1000.0
+        record.total_ms = _since_ms(request.arrival, delivered)
         reader.finish()
         record.prompt_tokens, record.cached_tokens = reader.prompt_tokens, reader.cached_tokens
         record.output_tokens = reader.completion_tokens

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from prefix_routing.frontdoor.config import InvokeConfig
 from prefix_routing.frontdoor.request import FrontRequest, RequestError
-from prefix_routing.frontdoor.tenancy import identify_tenant
+from prefix_routing.frontdoor.tenancy import check_way_in, identify_tenant
 from prefix_routing.rules.body import Normalized, normalize_body
 from prefix_routing.rules.errors import NormalizationError
 from prefix_routing.rules.identity import RoutingIdentity, routing_identity
@@ -43,6 +43,7 @@ def prepare(request: FrontRequest, config: InvokeConfig, key: bytes) -> Prepared
 
     The normalization time covers parsing, validation and canonical serialization.
     """
+    check_way_in(request, config)
     if request.problem is not None:
         raise request.problem
     if request.source == "http" and request.method != "POST":

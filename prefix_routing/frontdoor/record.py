@@ -11,6 +11,7 @@ from typing import Any, Final
 
 from prefix_routing.frontdoor.config import InvokeConfig
 from prefix_routing.frontdoor.copies import CopyCounts
+from prefix_routing.frontdoor.tenancy import DIRECT_INVOCATION_REFUSED
 from prefix_routing.rules import telemetry
 
 #: Extra fields of the request log line (informational; no alarm, query or reader depends on them).
@@ -20,6 +21,7 @@ LOG_BODY_KIND: Final = "body_kind"
 LOG_ATTEMPTS: Final = "attempts"
 LOG_ERROR_FIELD: Final = "error_field"
 LOG_WALL_MS: Final = "wall_ms"  # arrival to the end of the answer, retries and normalization included
+LOG_UPSTREAM_TTFT_MS: Final = "upstream_ttft_ms"  # the endpoint's own: the attempt's start to its first PayloadPart
 
 
 @dataclass(slots=True)
@@ -46,8 +48,9 @@ class RequestRecord:
     normalize_ms: float | None = None
     sent: bool = False
     attempts: int = 0
-    ttft_ms: float | None = None
-    total_ms: float | None = None
+    ttft_ms: float | None = None  # arrival to the first bytes handed to the client's socket
+    total_ms: float | None = None  # arrival to the last bytes handed to the client's socket
+    upstream_ttft_ms: float | None = None
     wall_ms: float | None = None
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
@@ -106,6 +109,7 @@ def log_record(record: RequestRecord, config: InvokeConfig) -> dict[str, Any]:
         F.TOTAL_MS: _ms(record.total_ms),
         F.NORMALIZE_MS: _ms(record.normalize_ms),
         LOG_WALL_MS: _ms(record.wall_ms),
+        LOG_UPSTREAM_TTFT_MS: _ms(record.upstream_ttft_ms),
         LOG_ATTEMPTS: record.attempts,
         F.STATUS: record.status,
         F.ERROR_KIND: record.error_kind,
@@ -124,6 +128,7 @@ def _metric_values(record: RequestRecord) -> list[tuple[telemetry.MetricSpec, fl
         (telemetry.CLIENT_ERRORS, 1.0 if record.origin == "client" else 0.0),
         (telemetry.UPSTREAM_ERRORS, 1.0 if record.origin == "upstream" else 0.0),
         (telemetry.REKEYED_REQUESTS, 1.0 if record.sent and record.rekeyed else 0.0),
+        (telemetry.REFUSED_DIRECT_INVOCATIONS, 1.0 if record.error_kind == DIRECT_INVOCATION_REFUSED else 0.0),
     ]
     optional = (
         (telemetry.TTFT, record.ttft_ms),

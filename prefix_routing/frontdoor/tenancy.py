@@ -64,8 +64,24 @@ def _checked_name(value: Any, what: str, allowed_chars: frozenset, limit: int, a
     return value
 
 
+#: The error code of a direct invocation refused under the ``iam`` or ``header`` tenancy.
+DIRECT_INVOCATION_REFUSED: Final = "direct_invocation_refused"
 _TENANT_ALLOWED: Final = "1-128 printable ASCII characters without spaces"
 _APPLICATION_ALLOWED: Final = "1-64 characters among letters, digits and . _ : - /"
+
+
+def check_way_in(request: FrontRequest, config: InvokeConfig) -> None:
+    """Refuse a direct invocation (403) unless the tenancy is ``none`` or the stage allows them.
+
+    A direct invocation's event is whatever the caller wrote: its ``tenant`` would let anyone who may
+    invoke the function take another tenant's routing id, cache salt, log lines and metrics. Checked
+    before anything else of the request, so a refused caller learns nothing about its event.
+    """
+    if request.source == "direct" and config.tenancy != "none" and not config.allow_direct_invoke:
+        raise RequestError(403, DIRECT_INVOCATION_REFUSED,
+                           "direct invocations are refused: call the function's URL (signed with SigV4), which "
+                           "identifies the caller; a stage that trusts every direct caller with the tenant it "
+                           "names sets normalizer.allow_direct_invoke", "event")
 
 
 def identify_tenant(request: FrontRequest, config: InvokeConfig) -> tuple[str, str | None]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -38,6 +39,31 @@ _DENIED_CODES: Final = frozenset({
 })
 
 
+#: The kind of a container's own 4xx (``ModelError`` with a 4xx ``OriginalStatusCode``).
+MODEL_REJECTED: Final = "model_rejected"
+
+
+def _is_callers_fault(status: Any) -> bool:
+    """A container status that blames the request: 4xx, but for a timeout (408) or overload (429)."""
+    return isinstance(status, int) and not isinstance(status, bool) and 400 <= status <= 499 and status not in (408, 429)
+
+
+def _engine_message(original: Any) -> str | None:
+    """The container's own words: ``message`` (or ``error.message``) of its JSON error, else its text."""
+    if not isinstance(original, str) or not original.strip():
+        return None
+    try:
+        data = json.loads(original)
+    except ValueError:
+        return _one_line(original)
+    if isinstance(data, Mapping):
+        inner = data.get("error")
+        for candidate in (data.get("message"), inner.get("message") if isinstance(inner, Mapping) else inner):
+            if isinstance(candidate, str) and candidate:
+                return _one_line(candidate)
+    return _one_line(original)
+
+
 def _one_line(text: Any, limit: int = 300) -> str:
     text = str(text).replace("\r", " ").replace("\n", " ")
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -49,7 +75,8 @@ def classify_error(exc: BaseException) -> UpstreamError:
     Recognised by class name (botocore and urllib3 are not imported here): ``ClientError`` codes
     (throttling → 429 retryable; ``ModelNotReadyException``/``ServiceUnavailable`` → 503 retryable;
     ``InternalFailure``/``InternalDependencyException``/``InternalStreamFailure``/other 5xx → 502
-    retryable; ``ModelError``/``ModelStreamError`` → 502; ``ValidationError`` and access errors → 502),
+    retryable; ``ModelError`` with a 4xx ``OriginalStatusCode`` (not 408 or 429) → that status,
+    the caller's mistake (``model_rejected``); other ``ModelError``/``ModelStreamError`` → 502; ``ValidationError`` and access errors → 502),
     read timeouts → 504, connection failures (connect timeout, refused, closed, dropped mid-body,
     corrupt event stream) → 502 retryable.
     """
@@ -73,6 +100,12 @@ def classify_error(exc: BaseException) -> UpstreamError:
                                  retryable=True, upstream_code=code)
         if code == "ModelError":
             original = response.get("OriginalStatusCode")
+            if _is_callers_fault(original):
+                # The container refused the request itself (a prompt over the context length, a bad
+                # parameter): the caller's mistake, answered with the container's own status and words.
+                detail = _engine_message(response.get("OriginalMessage")) or message
+                return UpstreamError(original, MODEL_REJECTED, f"the model rejected the request ({original}): {detail}",
+                                     upstream_code=code)
             detail = f" (the model answered {original})" if isinstance(original, int) else ""
             return UpstreamError(502, "model_error", f"the model failed the request{detail}: {message}",
                                  upstream_code=code)

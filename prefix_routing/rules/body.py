@@ -170,7 +170,8 @@ def normalize_body(
 
     ``body`` is the raw request (bytes or str) or an already parsed mapping. With ``identity``,
     chat and completion bodies get ``cache_salt`` as their first key (replacing a client's value);
-    LMI bodies get no salt (isolation there is through ``PrefixAwareId`` only).
+    LMI bodies get no salt, and a client's ``cache_salt`` (top level or in ``parameters``) is removed
+    (isolation there is through ``PrefixAwareId`` only).
     """
     if not isinstance(settings, NormalizerSettings):
         raise TypeError("settings must be a NormalizerSettings")
@@ -205,9 +206,16 @@ def _normalize(body: Any, settings: NormalizerSettings, identity: RoutingIdentit
                                          allowed="an object of generation parameters")
             if list(parameters) != sorted(parameters):
                 notes.other.append("parameters: keys sorted")
-            out["parameters"] = {key: parameters[key] for key in sorted(parameters)}
-        # No cache_salt for LMI/TGI bodies (the container does not take it), identity or not:
-        # tenants are kept apart by PrefixAwareId only. Nothing changes, so nothing is noted.
+            out["parameters"] = {key: parameters[key] for key in sorted(parameters)
+                                 if identity is None or key != "cache_salt"}
+            if len(out["parameters"]) != len(parameters):
+                notes.other.append("parameters.cache_salt: the client's value removed (LMI bodies carry no salt)")
+        # LMI/TGI bodies carry no cache_salt of ours (the container does not take one): tenants are
+        # kept apart by PrefixAwareId only. A client's own salt is removed wherever it stands, so that
+        # no client can choose (or guess) another tenant's.
+        if identity is not None and "cache_salt" in data:
+            data = {key: value for key, value in data.items() if key != "cache_salt"}
+            notes.other.append("cache_salt: the client's value removed (LMI bodies carry no salt)")
         _order_fields(data, KNOWN_LMI_FIELD_ORDER, out)
     else:
         salt = data.get("cache_salt", _NO_VALUE)

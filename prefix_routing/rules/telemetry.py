@@ -27,8 +27,13 @@ class MetricSpec:
 
 
 # Metrics the normalizer publishes once per request (high resolution, 1 s storage).
-TTFT = MetricSpec("TimeToFirstToken", "Milliseconds", "time from the call to the first PayloadPart")
-END_TO_END = MetricSpec("EndToEndLatency", "Milliseconds", "time from the call to the end of the stream")
+TTFT = MetricSpec(
+    "TimeToFirstToken", "Milliseconds",
+    "time from the request's arrival at the front door to its first bytes handed to the client's socket",
+)
+END_TO_END = MetricSpec(
+    "EndToEndLatency", "Milliseconds", "time from the request's arrival to its last bytes handed to the client's socket"
+)
 PROMPT_TOKENS = MetricSpec("PromptTokens", "Count", "usage.prompt_tokens reported by the model")
 CACHED_TOKENS = MetricSpec(
     "CachedTokens", "Count", "usage.prompt_tokens_details.cached_tokens reported by the model"
@@ -40,6 +45,10 @@ REKEYED_REQUESTS = MetricSpec(
     "RekeyedRequests", "Count",
     "requests whose raw body's first PrefixLength bytes differ from the normalized body's (the client's bytes "
     "would have scattered them)",
+)
+REFUSED_DIRECT_INVOCATIONS = MetricSpec(
+    "RefusedDirectInvocations", "Count",
+    "direct invocations refused with 403: only the Function URL identifies its caller (normalizer.allow_direct_invoke)",
 )
 UPSTREAM_ERRORS = MetricSpec(
     "UpstreamErrors", "Count", "requests that failed at the endpoint (5xx, stream error, timeout, truncation)"
@@ -60,6 +69,7 @@ ALL_METRICS: Final = (
     CLIENT_ERRORS,
     UPSTREAM_ERRORS,
     REKEYED_REQUESTS,
+    REFUSED_DIRECT_INVOCATIONS,
     DESIRED_COPIES,
     CURRENT_COPIES,
 )

@@ -186,11 +186,22 @@ class ReplicationStageSettings(_Section):
     min_requests: float = Field(8.0, ge=1, le=10000, description="recent requests of a prefix before it is replicated")
 
 
+#: An account id, or the ARN of an IAM role or user (what a Lambda resource policy names as principal).
+_PRINCIPAL = r"^(\d{12}|arn:aws[a-z-]*:iam::\d{12}:(role|user)/[A-Za-z0-9_+=,.@/-]+)$"
+
+
 class NormalizerFunctionSettings(_Section):
     """The [normalizer] section: how the front-door Lambda is deployed (the rules are in normalize.py)."""
 
     tenancy: Literal["iam", "header", "none"] = "iam"
     tenant_header: str = Field("x-tenant-id", pattern=r"^[a-z0-9-]+$")
+    allow_direct_invoke: bool = Field(
+        False, description="answer direct invocations, trusting every direct caller with the tenant it names",
+    )
+    invoke_principals: list[Annotated[str, Field(pattern=_PRINCIPAL, max_length=2048)]] = Field(
+        default_factory=list,
+        description="accounts (12 digits) or IAM role/user ARNs the function's resource policy lets call its URL",
+    )
     reserved_concurrency: int = Field(50, ge=1, le=1000)
     memory_mb: int = Field(512, ge=128, le=10240)
     timeout_s: int = Field(120, ge=5, le=900)

@@ -70,7 +70,8 @@ def test_replication_off_always_sends_the_tenants_id(runtime, lines):
 def test_a_direct_invocation_of_a_cold_prefix_keeps_the_tenants_id(runtime, lines):
     # Factor 2 on 4 copies: one request of a prefix is 1/32 × 2 fair shares: not hot.
     runtime.answer(expected_params(tenant="acme"), parts(sse_chunks()))
-    lambda_handler.configure(frontdoor.Invoker(runtime.client, _config(factor=2.0), KEY, emit=lines))
+    lambda_handler.configure(frontdoor.Invoker(runtime.client, _config(factor=2.0, allow_direct_invoke=True), KEY,
+                                               emit=lines))
     try:
         result = lambda_handler.handler({"body": {"model": "m", "messages": [
             {"role": "system", "content": "You are a terse assistant for invoices."},

@@ -7,6 +7,7 @@ drive the web app behind the Lambda Web Adapter (``server.py``) over HTTP, as th
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import threading
@@ -246,12 +247,12 @@ def test_non_streaming_body_still_streams_back_and_is_complete(lines):
 # --------------------------------------------------------------------------- the web app behind LWA
 
 
-@pytest.fixture
-def front_door():
-    """(web app URL host/port, runtime server, collected lines) with the invoker wired in."""
+@contextlib.contextmanager
+def _web_app(**overrides):
+    """(web app port, runtime server, collected lines) with an invoker of ``config(**overrides)``."""
     lines = Lines()
     with serve_runtime(EchoBackend(token_delay=0.08, max_tokens=8)) as runtime:
-        invoker = invoker_for(runtime, lines)
+        invoker = invoker_for(runtime, lines, **overrides)
         app = web_app.make_server("127.0.0.1", 0, get_invoker=lambda: invoker)
         thread = threading.Thread(target=app.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         thread.start()
@@ -261,6 +262,12 @@ def front_door():
             app.shutdown()
             app.server_close()
             thread.join(5)
+
+
+@pytest.fixture
+def front_door():
+    with _web_app() as served:
+        yield served
 
 
 def _post(port: int, body: bytes, headers: dict, path: str = "/"):
@@ -306,14 +313,36 @@ def test_web_app_errors_are_json_with_their_status(front_door):
     connection.close()
 
 
-def test_web_app_pass_through_event_is_a_direct_invocation(front_door):
+DIRECT_HEADERS = {"x-amzn-request-context": "null", "content-type": "application/json",
+                  "x-amzn-lambda-context": json.dumps({"request_id": "direct-7"})}
+
+
+def test_web_app_refuses_a_direct_invocation_naming_another_tenant(front_door):
     port, runtime, lines = front_door
-    event = {"body": dict(CHAT, stream=True), "tenant": "acme", "application": "bot"}
-    headers = {"x-amzn-request-context": "null", "content-type": "application/json",
-               "x-amzn-lambda-context": json.dumps({"request_id": "direct-7"})}
-    connection, response = _post(port, json.dumps(event).encode(), headers, path="/events")
-    raw = response.read()
+    # A caller that may invoke the function names the Function URL caller's tenant in its event.
+    event = {"body": dict(CHAT, stream=True), "tenant": ROLE_TENANT}
+    connection, response = _post(port, json.dumps(event).encode(), DIRECT_HEADERS, path="/events")
+    result = json.loads(response.read())
     connection.close()
+    assert response.status == 200 and result["statusCode"] == 403  # the invocation itself succeeds
+    assert result["body"]["error"]["code"] == "direct_invocation_refused"
+    assert runtime.requests == []  # nothing reached the endpoint: no routing id, no salt, no cache
+    assert lines.requests[-1]["tenant"] is None and lines.emf[-1]["RefusedDirectInvocations"] == 1
+    # The Function URL path still gets the caller's own identity.
+    headers = {"x-amzn-request-context": json.dumps(iam_context())}
+    connection, response = _post(port, STREAMING, headers)
+    assert response.status == 200 and response.read().endswith(b"data: [DONE]\n\n")
+    connection.close()
+    assert runtime.requests[-1].headers.prefix_aware_id == routing_identity(ROLE_TENANT, None, KEY).prefix_aware_id
+    assert lines.requests[-1]["tenant"] == ROLE_TENANT
+
+
+def test_web_app_pass_through_event_is_a_direct_invocation_when_allowed():
+    with _web_app(allow_direct_invoke=True) as (port, runtime, lines):
+        event = {"body": dict(CHAT, stream=True), "tenant": "acme", "application": "bot"}
+        connection, response = _post(port, json.dumps(event).encode(), DIRECT_HEADERS, path="/events")
+        raw = response.read()
+        connection.close()
     assert response.status == 200
     # What lambda:Invoke returns in response_stream mode: the adapter's prelude, 8 zero bytes, the body.
     prelude = json.dumps({"statusCode": 200, "headers": {"content-type": "application/json"}}).encode()

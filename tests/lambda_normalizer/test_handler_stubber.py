@@ -275,11 +275,28 @@ def test_handler_function_url_event(runtime, lines, installed):
     assert bad["statusCode"] == 400 and json.loads(bad["body"])["error"]["code"] == "invalid_json"
 
 
-def test_handler_direct_invocation(runtime, lines, installed):
+def test_handler_direct_invocation_is_refused_by_default(runtime, lines, installed):
+    # Any caller that may invoke the function could name any tenant: under IAM tenancy, 403, and the
+    # endpoint is never called (the Stubber has no answer queued: a call would fail the test).
+    result = lambda_handler.handler({"body": CHAT, "tenant": ROLE_TENANT}, None)
+    assert result["statusCode"] == 403 and result["body"]["error"]["code"] == "direct_invocation_refused"
+    assert result["body"]["error"]["field"] == "event"
+    runtime.stubber.assert_no_pending_responses()
+    (log,) = lines.requests
+    assert log["status"] == 403 and log["tenant"] is None and log["prefix_aware_id"] is None
+    assert lines.emf[0]["RefusedDirectInvocations"] == 1 and lines.emf[0]["Requests"] == 0
+
+
+def test_handler_direct_invocation_when_the_stage_allows_it(runtime, lines, sleeps):
+    lambda_handler.configure(make_invoker(runtime, lines, sleeps, allow_direct_invoke=True))
     runtime.answer(expected_params(tenant="acme"), parts(sse_chunks()))
-    result = lambda_handler.handler({"body": CHAT, "tenant": "acme"}, None)
+    try:
+        result = lambda_handler.handler({"body": CHAT, "tenant": "acme"}, None)
+        no_tenant = lambda_handler.handle_event({"body": CHAT}, None)
+    finally:
+        lambda_handler.configure(None)
     assert result["statusCode"] == 200 and result["body"]["choices"][0]["finish_reason"] == "stop"
-    assert lambda_handler.handle_event({"body": CHAT}, None)["statusCode"] == 400  # no tenant
+    assert no_tenant["statusCode"] == 400  # no tenant
     runtime.stubber.assert_no_pending_responses()
 
 

@@ -44,3 +44,18 @@ def test_fault_spec_parsing():
     ]:
         with pytest.raises(UserError, match=message):
             Faults.from_spec(bad)
+
+
+def test_accepted_connections_have_tcp_nodelay():
+    # A streaming server without it holds each small event until the previous one is acknowledged.
+    import http.client
+    import socket
+
+    with RuntimeServer(EchoBackend()) as server:
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+        connection.request("GET", "/ping")
+        assert connection.getresponse().read() == b""
+        with server._lock:  # the kept-alive connection, as the server accepted it
+            accepted = list(server._connections)
+        assert accepted and all(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in accepted)
+        connection.close()

@@ -6,7 +6,7 @@ import json
 import pytest
 from prefix_routing import frontdoor
 from prefix_routing.rules.identity import routing_identity
-from tests.prefix_routing.frontdoor.conftest import CHAT, KEY, ROLE_ARN, ROLE_TENANT, config, url_event
+from tests.prefix_routing.frontdoor.conftest import CHAT, KEY, ROLE_ARN, ROLE_TENANT, FakeRuntime, config, url_event
 
 
 def test_prepare_derives_the_tenant_identity_and_salts_the_body():
@@ -102,3 +102,28 @@ def test_a_body_whose_routing_bytes_the_normalizer_changes_is_rekeyed_and_a_cano
     unsalted = canonical.replace(salt_member, b"", 1)
     assert unsalted != canonical
     assert not frontdoor.prepare(frontdoor.request_from_event(url_event(unsalted)), config(), KEY).rekeyed
+
+
+# A client's own cache_salt never reaches the engine, whatever the body's format: chat and completion
+# bodies carry the tenant's salt instead, LMI bodies (whose container takes none) carry no salt at all.
+_FORGED = "another-tenants-salt"
+
+
+@pytest.mark.parametrize(("body", "salt_paths"), [
+    ({"cache_salt": _FORGED, "messages": CHAT["messages"]}, [("cache_salt",)]),
+    ({"prompt": "Q: what is an invoice?\nA:", "cache_salt": _FORGED, "max_tokens": 4}, [("cache_salt",)]),
+    ({"inputs": "Q: what is an invoice?\nA:", "cache_salt": _FORGED, "parameters": {"max_new_tokens": 4}}, []),
+    ({"inputs": "Q: what is an invoice?\nA:", "parameters": {"cache_salt": _FORGED, "max_new_tokens": 4}}, []),
+], ids=["chat", "completion", "lmi-top-level", "lmi-parameters"])
+def test_a_clients_cache_salt_never_reaches_the_engine(body, salt_paths):
+    runtime = FakeRuntime()
+    invoker = frontdoor.Invoker(runtime, config(), KEY, emit=lambda line: None)
+    answer = invoker.buffered(frontdoor.request_from_event(url_event(json.dumps(body).encode())))
+    assert answer.status == 200
+    (call,) = runtime.calls
+    sent = call["Body"]
+    assert _FORGED.encode() not in sent
+    data = json.loads(sent)
+    own = routing_identity(ROLE_TENANT, None, KEY).cache_salt
+    assert [("cache_salt",)] * (data.get("cache_salt") == own) == salt_paths
+    assert "cache_salt" not in data.get("parameters", {})

@@ -42,7 +42,9 @@ def test_emf_document_omits_what_is_unknown_and_counts_errors():
                                          cached_tokens=None, status=400, origin="client", desired_copies=None,
                                          current_copies=None), config())
     names = {m["Name"] for m in client["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
-    assert names == {"Requests", "ClientErrors", "UpstreamErrors", "RekeyedRequests", "NormalizationTime"}
+    assert names == {"Requests", "ClientErrors", "UpstreamErrors", "RekeyedRequests", "RefusedDirectInvocations",
+                     "NormalizationTime"}
+    assert client["RefusedDirectInvocations"] == [0]  # a 400 of the body, not a refused direct invocation
     assert client["RekeyedRequests"] == [0]  # not sent: nothing was keyed
     assert (client["Requests"], client["ClientErrors"], client["UpstreamErrors"]) == ([0], [1], [0])
     upstream = frontdoor.emf_document(_record(status=502, origin="upstream", total_ms=None, prompt_tokens=None,

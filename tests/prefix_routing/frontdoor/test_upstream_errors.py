@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from botocore.exceptions import (
     ClientError,
@@ -29,7 +31,13 @@ def _client_error(code, status=400, operation="InvokeEndpointWithResponseStream"
         (_client_error("InternalFailure", 500), 502, "upstream_error", True),
         (_client_error("InternalDependencyException", 530), 502, "upstream_error", True),
         (_client_error("SomethingNew", 502), 502, "upstream_error", True),
-        (_client_error("ModelError", 424, OriginalStatusCode=400), 502, "model_error", False),
+        # A container's own 4xx is the caller's mistake: its status, not a 502 (but for 408 and 429).
+        (_client_error("ModelError", 424, OriginalStatusCode=400), 400, "model_rejected", False),
+        (_client_error("ModelError", 424, OriginalStatusCode=413), 413, "model_rejected", False),
+        (_client_error("ModelError", 424, OriginalStatusCode=429), 502, "model_error", False),
+        (_client_error("ModelError", 424, OriginalStatusCode=408), 502, "model_error", False),
+        (_client_error("ModelError", 424, OriginalStatusCode=500), 502, "model_error", False),
+        (_client_error("ModelError", 424), 502, "model_error", False),
         (_client_error("ValidationError"), 502, "upstream_rejected", False),
         (_client_error("AccessDeniedException", 403), 502, "upstream_denied", False),
         (EventStreamError({"Error": {"Code": "ModelStreamError", "Message": "boom"}}, "X"), 502,
@@ -59,8 +67,27 @@ def test_classify_error(error, status, kind, retryable):
         assert upstream.message == f"the front door may not invoke the endpoint: {code}"
     else:  # no response: the exception's class says what failed
         assert type(error).__name__ in upstream.message or kind == "timeout"
-    if kind == "model_error":
-        assert "(the model answered 400)" in upstream.message
+    original = response.get("OriginalStatusCode") if isinstance(response, dict) else None
+    if kind == "model_error" and original is not None:
+        assert f"(the model answered {original})" in upstream.message
+    if kind == "model_rejected":
+        assert f"the model rejected the request ({original})" in upstream.message
+
+
+def test_a_containers_own_4xx_carries_the_engines_words():
+    # SageMaker's ModelError for a container 400: OriginalMessage is the container's body.
+    engine_body = json.dumps({"object": "error", "type": "BadRequestError", "code": 400,
+                              "message": "This model's maximum context length is 8192 tokens. However, you requested 9000"})
+    error = _client_error("ModelError", 424, OriginalStatusCode=400, OriginalMessage=engine_body)
+    upstream = frontdoor.classify_error(error)
+    assert (upstream.status, upstream.kind) == (400, "model_rejected")
+    assert upstream.message == ("the model rejected the request (400): This model's maximum context length is "
+                                "8192 tokens. However, you requested 9000")
+    nested = _client_error("ModelError", 424, OriginalStatusCode=422,
+                           OriginalMessage='{"error": {"message": "bad field n", "code": 422}}')
+    assert frontdoor.classify_error(nested).message == "the model rejected the request (422): bad field n"
+    plain = _client_error("ModelError", 424, OriginalStatusCode=404, OriginalMessage="no such route")
+    assert frontdoor.classify_error(plain).message == "the model rejected the request (404): no such route"
 
 
 def test_classify_error_keeps_an_upstream_error_and_flattens_long_messages():
