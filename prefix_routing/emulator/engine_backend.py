@@ -168,8 +168,8 @@ class EngineBackend:
             text = response.read().decode("utf-8", "replace")[:1000]
             connection.close()
             self._done(g, error=True)
-            if 400 <= response.status < 500:
-                return _client_error(request, text, status=response.status)
+            if 400 <= response.status < 500:  # the engine's own refusal: its body is the original message
+                return _client_error(request, text, status=response.status, original=text)
             return _engine_error(request, response.status, text)
         events = self._relay(g, connection, response, time.monotonic())
         if request.stream:
@@ -295,8 +295,11 @@ def _check_url(url: str) -> str:
     return url.rstrip("/")
 
 
-def _client_error(request: RuntimeRequest, text: str, status: int = 400) -> ErrorReply:
-    message = json.dumps({"object": "error", "message": text, "type": "BadRequestError", "code": status})
+def _client_error(request: RuntimeRequest, text: str, status: int = 400, original: str | None = None) -> ErrorReply:
+    """``ModelError`` for a request the container refuses: ``original`` is the container's own body
+    (as SageMaker passes it on in ``OriginalMessage``), else a vLLM-style error made of ``text``."""
+    message = original if original is not None else json.dumps(
+        {"object": "error", "message": text, "type": "BadRequestError", "code": status})
     return ErrorReply("ModelError", f'Received client error ({status}) from primary with message "{message}".',
                       original_status_code=status, original_message=message,
                       log_stream_arn=_log_stream_arn(request.endpoint_name))

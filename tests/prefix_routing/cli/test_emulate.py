@@ -46,7 +46,52 @@ def test_emulate_serves_in_front_of_named_engines(capsys):
     (["--engines", "2", "--engine-url", "http://127.0.0.1:9"], "give one of them"),
     (["--engines", "0"], "--engines 0: allowed 1 to 16"),
     (["--engine-url", "ftp://somewhere"], "expected http://HOST:PORT"),
+    (["--front-door", "70000"], "--front-door 70000: allowed 0 to 65535"),
 ])
 def test_emulate_refuses_what_does_not_mix(capsys, argv, message):
     code, _, err = run(capsys, "emulate", "--port", "0", "--duration", "0.1", *argv)
     assert code == 2 and message in err, err
+
+
+def test_emulate_front_door_serves_the_openai_sdk_and_refuses_a_forged_direct_invocation():
+    """The acceptance path as a user runs it: ``emulate --front-door``, then the openai SDK through a
+    SigV4 auth (streaming, with usage), then a direct invocation naming that caller's tenant."""
+    import json
+    import re
+    import subprocess
+    import sys
+    import urllib.request
+
+    import httpx2
+    from openai import OpenAI
+
+    from prefix_routing.frontdoor.sigv4 import FunctionUrlAuth
+    from tests.prefix_routing.frontdoor.test_local import _Session
+
+    process = subprocess.Popen([sys.executable, "-m", "prefix_routing", "emulate", "--port", "0", "--front-door", "0",
+                                "--speed", "1000", "--duration", "60"], stderr=subprocess.PIPE, text=True)
+    try:
+        url = None
+        for line in process.stderr:
+            found = re.match(r"front door \(tenancy iam\) at (http://127\.0\.0\.1:\d+)", line)
+            if found:
+                url = found.group(1)
+                break
+        assert url, "no front door URL printed"
+        client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0,
+                        http_client=httpx2.Client(auth=FunctionUrlAuth(region="us-east-1", session=_Session("app-1")),
+                                                  timeout=30))
+        chunks = list(client.chat.completions.create(
+            model="default", messages=[{"role": "user", "content": "three little words"}], max_tokens=4,
+            stream=True, stream_options={"include_usage": True}))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).strip()
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
+        event = {"body": {"messages": [{"role": "user", "content": "hi"}]},
+                 "tenant": "arn:aws:iam::000000000000:user/app-1"}
+        forged = urllib.request.Request(f"{url}/events", data=json.dumps(event).encode(), method="POST",
+                                        headers={"x-amzn-request-context": "null"})
+        result = json.loads(urllib.request.urlopen(forged, timeout=10).read())
+        assert result["statusCode"] == 403 and result["body"]["error"]["code"] == "direct_invocation_refused"
+    finally:
+        process.kill()
+        process.wait(10)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import urllib.error
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -26,8 +28,8 @@ from .conftest import client_for
 class StandInEngine(ThreadingHTTPServer):
     """An OpenAI-compatible server: one slot that remembers the last prompt's words; cached = common prefix.
 
-    ``mode``: "ok", "error" (500 before streaming), "drop" (closes after the first chunk), "hold"
-    (waits for ``release`` before answering).
+    ``mode``: "ok", "error" (500 before streaming), "reject" (400 as llama.cpp refuses a prompt over its
+    context), "drop" (closes after the first chunk), "hold" (waits for ``release`` before answering).
     """
 
     daemon_threads = True
@@ -61,9 +63,13 @@ class _StandInHandler(BaseHTTPRequestHandler):
         engine: StandInEngine = self.server
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         engine.bodies.append({"path": self.path, **body})
-        if engine.mode == "error":
-            data = b'{"error": {"message": "engine broke", "code": 500}}'
-            self.send_response(500)
+        if engine.mode in ("error", "reject"):
+            status, data = 500, b'{"error": {"message": "engine broke", "code": 500}}'
+            if engine.mode == "reject":  # llama-server's answer to a prompt longer than its context
+                status, data = 400, json.dumps({"error": {
+                    "code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": 9000, "n_ctx": 8192,
+                    "message": "the request exceeds the available context size, try increasing it"}}).encode()
+            self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
@@ -260,6 +266,29 @@ def test_an_engine_error_before_streaming_is_a_model_error_with_its_status(emula
     assert "engine broke" in caught.value.response["OriginalMessage"]
     assert sum(e["errors"] for e in backend.status()["engines"]) == 1
     assert all(e["in_flight"] == 0 for e in backend.status()["engines"])
+
+
+def test_an_engines_400_reaches_a_front_door_caller_as_a_400_with_the_engines_words(emulate, engines):
+    from prefix_routing.frontdoor.local import LocalFrontDoor
+    from tests.prefix_routing.frontdoor.conftest import Lines
+
+    server, _ = emulate(strategy="RANDOM")
+    for engine in engines:
+        engine.mode = "reject"
+    with pytest.raises(ClientError) as caught:  # the emulator: ModelError with the engine's status
+        client_for(server).invoke_endpoint(EndpointName="ep", Body=chat("a", "b"))
+    assert caught.value.response["OriginalStatusCode"] == 400
+    environment = {"ENDPOINT_NAME": "ep", "TENANCY": "none"}
+    with LocalFrontDoor(server.url, environment, emit=Lines()) as door:  # the front door: that 400
+        request = urllib.request.Request(door.url, data=chat("a", "b"), method="POST", headers={
+            "authorization": "AWS4-HMAC-SHA256 Credential=tenant-a/20261202/us-east-1/lambda/aws4_request, "
+                             "SignedHeaders=host, Signature=0"})
+        with pytest.raises(urllib.error.HTTPError) as answered:
+            urllib.request.urlopen(request, timeout=10)
+    error = json.loads(answered.value.read())["error"]
+    assert answered.value.code == 400 and error["code"] == "model_rejected"
+    assert error["message"] == ("the model rejected the request (400): the request exceeds the available context "
+                                "size, try increasing it")
 
 
 def test_an_engine_that_breaks_mid_stream_is_a_model_stream_error(emulate, engines):
