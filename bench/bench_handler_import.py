@@ -15,7 +15,10 @@ Each measurement is a fresh ``python`` subprocess that times one import statemen
   ``http.server``), for information;
 * ``asset boto3`` and ``asset handler``: the same imports from the synthesized asset in
   ``cdk.out`` alone (``python -I -S``, so the vendored boto3/botocore answer), when ``make synth``
-  has written it, for information: what the function pays, with the asset's size.
+  has written it, for information: what the function pays without bytecode, with the asset's size.
+  The asset carries bytecode for its runtime's Python (3.14), which this Python ignores: these rows
+  are the asset compiled at import, as every cold start was before; ``bench_cold_start.py``
+  measures what the bytecode saves.
 
 Runs alternate between the imports so that a noisy machine slows them alike; the figures are ratios
 of medians, of wall-clock time and of the subprocess's CPU time. The target is checked on CPU time:
@@ -64,8 +67,13 @@ ASSET_STATEMENTS = {"asset boto3": "import boto3", "asset handler": "import hand
 
 
 def find_asset() -> Path | None:
-    """The normalizer's asset in ``cdk.out`` (``make synth`` writes it), or None."""
-    found = sorted((p for p in (ROOT / "cdk.out").glob("asset.*") if (p / "handler.py").is_file()),
+    """The normalizer's asset in ``cdk.out`` (``make synth`` writes it), or None.
+
+    Told apart from the other functions' assets (the routing advisor's has a ``handler.py`` too) by
+    what only it holds: the web app ``server.py`` and the adapter's start-up script ``run.sh``.
+    """
+    found = sorted((p for p in (ROOT / "cdk.out").glob("asset.*")
+                    if (p / "server.py").is_file() and (p / "run.sh").is_file() and (p / "handler.py").is_file()),
                    key=lambda p: p.stat().st_mtime)
     return found[-1] if found else None
 

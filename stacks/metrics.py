@@ -51,6 +51,10 @@ class NormalizerMetrics:
     def upstream_errors(self) -> cloudwatch.Metric:
         return self._metric(telemetry.UPSTREAM_ERRORS, "Sum", "failed upstream")
 
+    def refused_direct_invocations(self) -> cloudwatch.Metric:
+        """Direct invocations refused with 403 (they would have named their own tenant)."""
+        return self._metric(telemetry.REFUSED_DIRECT_INVOCATIONS, "Sum", "refused direct invocations")
+
     def rekeyed_requests(self) -> cloudwatch.Metric:
         """Requests whose own first PrefixLength bytes would have keyed routing elsewhere (re-keyed)."""
         return self._metric(telemetry.REKEYED_REQUESTS, "Sum", "re-keyed requests")

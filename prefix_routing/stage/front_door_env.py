@@ -7,7 +7,7 @@ tenant key's, which are the deployment's own); ``emulate --front-door`` reads th
 
 from __future__ import annotations
 
-from prefix_routing.stage.config import StageConfig
+from prefix_routing.stage.config import EndpointSettings, NormalizerFunctionSettings, RoutingSettings, StageConfig
 
 #: Seconds kept between the front door's own deadline and Lambda's timeout, to answer 504 and log.
 DEADLINE_MARGIN_S = 5
@@ -17,18 +17,24 @@ MAX_READ_TIMEOUT_S = 65
 
 def front_door_environment(config: StageConfig) -> dict[str, str]:
     """The variables ``InvokeConfig.from_env`` reads, as the stage sets them (all strings)."""
-    settings = config.normalizer
-    replication = settings.replication
-    request_timeout_s = max(1, settings.timeout_s - DEADLINE_MARGIN_S)
+    return function_environment(endpoint_name=config.endpoint_name, component_name=config.component_name,
+                                routing=config.routing, endpoint=config.endpoint, normalizer=config.normalizer)
+
+
+def function_environment(*, endpoint_name: str, component_name: str, routing: RoutingSettings,
+                         endpoint: EndpointSettings, normalizer: NormalizerFunctionSettings) -> dict[str, str]:
+    """The same from the stage's sections (what the normalizer construct is given)."""
+    replication = normalizer.replication
+    request_timeout_s = max(1, normalizer.timeout_s - DEADLINE_MARGIN_S)
     return {
-        "ENDPOINT_NAME": config.endpoint_name,
-        "INFERENCE_COMPONENT_NAME": config.component_name,
-        "ROUTING_STRATEGY": config.routing.strategy,
-        "PREFIX_LENGTH": str(config.routing.prefix_length or 0),
-        "BLOCK_BYTES": str(settings.block_bytes),
-        "TENANCY": settings.tenancy,
-        "TENANT_HEADER": settings.tenant_header,
-        "ALLOW_DIRECT_INVOKE": "true" if settings.allow_direct_invoke else "false",
+        "ENDPOINT_NAME": endpoint_name,
+        "INFERENCE_COMPONENT_NAME": component_name,
+        "ROUTING_STRATEGY": routing.strategy,
+        "PREFIX_LENGTH": str(routing.prefix_length or 0),
+        "BLOCK_BYTES": str(normalizer.block_bytes),
+        "TENANCY": normalizer.tenancy,
+        "TENANT_HEADER": normalizer.tenant_header,
+        "ALLOW_DIRECT_INVOKE": "true" if normalizer.allow_direct_invoke else "false",
         "REQUEST_TIMEOUT_S": str(request_timeout_s),
         "UPSTREAM_READ_TIMEOUT_S": str(min(MAX_READ_TIMEOUT_S, request_timeout_s)),
         # Hot-prefix replication (normalizer.replication; prefix_routing.rules.replication), and the copy
@@ -38,6 +44,6 @@ def front_door_environment(config: StageConfig) -> dict[str, str]:
         "REPLICATION_TARGET_SHARE_FACTOR": repr(float(replication.target_share_factor)),
         "REPLICATION_HALF_LIFE_S": repr(float(replication.half_life_s)),
         "REPLICATION_MIN_REQUESTS": repr(float(replication.min_requests)),
-        "COPIES_MIN": str(config.endpoint.copies_min),
-        "COPIES_MAX": str(config.endpoint.copies_max),
+        "COPIES_MIN": str(endpoint.copies_min),
+        "COPIES_MAX": str(endpoint.copies_max),
     }

@@ -31,7 +31,7 @@ class AlertTopic(Construct):
 
 class RoutingAlarms(Construct):
     """Attributes: ``ttft_p50``, ``hit_rate``, ``hotspot``, ``pinned_at_threshold``, ``error_rate``,
-    ``capacity_failures`` (each a ``cloudwatch.Alarm``; ``hit_rate`` None when the container reports no
+    ``capacity_failures``, ``refused_direct_invocations`` (each a ``cloudwatch.Alarm``; ``hit_rate`` None when the container reports no
     cached tokens, ``pinned_at_threshold`` None without PREFIX_AWARE) and ``all``."""
 
     def __init__(
@@ -130,6 +130,23 @@ class RoutingAlarms(Construct):
             operator=Op.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
             description="Requests found no copy to serve them (scaled to zero or at max capacity).",
         )
+        # One is enough: a caller holds lambda:InvokeFunction without the URL condition and tried to name a
+        # tenant itself (a misconfigured client, or one trying another tenant's identity).
+        self.refused_direct_invocations = cloudwatch.Alarm(
+            self,
+            "RefusedDirectInvocations",
+            metric=normalizer.refused_direct_invocations(),
+            threshold=1,
+            comparison_operator=Op.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            evaluation_periods=1,
+            treat_missing_data=missing_ok,
+            alarm_description=(
+                "A direct invocation of the front door was refused (403): its caller may invoke the function "
+                "without the lambda:InvokedViaFunctionUrl condition. Find it in the request log "
+                "(error_kind direct_invocation_refused) and CloudTrail's Invoke events."
+            ),
+        )
+        self.refused_direct_invocations.add_alarm_action(cw_actions.SnsAction(topic))
         self.all = [
             a
             for a in (
@@ -139,6 +156,7 @@ class RoutingAlarms(Construct):
                 self.pinned_at_threshold,
                 self.error_rate,
                 self.capacity_failures,
+                self.refused_direct_invocations,
             )
             if a is not None
         ]

@@ -95,7 +95,8 @@ class RoutingDashboard(Construct):
             ),
             cloudwatch.GraphWidget(
                 title="Errors",
-                left=[sagemaker.errors_5xx(), sagemaker.errors_4xx(), normalizer.upstream_errors(), normalizer.client_errors()],
+                left=[sagemaker.errors_5xx(), sagemaker.errors_4xx(), normalizer.upstream_errors(), normalizer.client_errors(),
+                      normalizer.refused_direct_invocations()],
                 right=[sagemaker.error_rate_percent()],
                 width=quarter,
             ),

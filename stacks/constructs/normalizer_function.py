@@ -31,6 +31,7 @@ from aws_cdk import aws_iam as iam, aws_lambda as lambda_, aws_logs as logs, aws
 from constructs import Construct
 
 from prefix_routing.stage.config import EndpointSettings, NormalizerFunctionSettings, RoutingSettings
+from prefix_routing.stage.front_door_env import function_environment
 from stacks.constructs.lambda_assets import IGNORE, RETENTION, copy_library
 from stacks.nag import acknowledge
 
@@ -56,17 +57,19 @@ HANDLER = "run.sh"
 APP_PORT = 8080
 READINESS_PATH = "/healthz"
 PASS_THROUGH_PATH = "/events"
-#: Seconds kept between the front door's own deadline and Lambda's timeout, to answer 504 and log.
-DEADLINE_MARGIN_S = 5
-#: SageMaker's runtime gives a container 60 s to answer; a read waits a little longer than that.
-MAX_READ_TIMEOUT_S = 65
 
 
 @jsii.implements(ILocalBundling)
 class _CopyBundler:
-    """Lays out the asset by copying files; never falls back to Docker."""
+    """Lays out the asset by copying files, then writes the runtime's bytecode for every module in it
+    (``lambda_assets.compile_bytecode``: the cold start then compiles nothing); never falls back to Docker."""
+
+    #: The function's runtime; its Python is the one the asset's bytecode is compiled for.
+    RUNTIME = lambda_.Runtime.PYTHON_3_14
 
     def try_bundle(self, output_dir: str, *, image: DockerImage, **_: object) -> bool:
+        from stacks.constructs.lambda_assets import compile_bytecode
+
         if not VENDORED_DIR.is_dir():
             raise RuntimeError(
                 f"{VENDORED_DIR} is missing: run `make install` (it vendors the Lambda's pinned dependencies)"
@@ -76,6 +79,7 @@ class _CopyBundler:
         shutil.copytree(HANDLER_DIR, out, dirs_exist_ok=True, ignore=IGNORE)
         (out / HANDLER).chmod(0o755)  # Lambda executes it: the zip must carry the mode
         copy_library(out, LIBRARY_PACKAGES)
+        compile_bytecode(out, self.RUNTIME.name)
         return True
 
 
@@ -95,7 +99,8 @@ def web_adapter_layer_arn(scope: Construct) -> str:
 
 
 class NormalizerFunction(Construct):
-    """Attributes: ``function``, ``function_url``, ``log_group``, ``role``, ``tenant_key``."""
+    """Attributes: ``function``, ``function_url``, ``log_group``, ``role``, ``tenant_key``, ``tenant_policy``
+    (the managed policy tenants' roles attach: the URL, and InvokeFunction only through it)."""
 
     def __init__(
         self,
@@ -158,12 +163,10 @@ class NormalizerFunction(Construct):
         self.role.add_to_policy(
             iam.PolicyStatement(actions=["secretsmanager:GetSecretValue"], resources=[self.tenant_key.secret_arn])
         )
-        request_timeout_s = max(1, settings.timeout_s - DEADLINE_MARGIN_S)
-        replication = settings.replication
         self.function = lambda_.Function(
             self,
             "Function",
-            runtime=lambda_.Runtime.PYTHON_3_14,
+            runtime=_CopyBundler.RUNTIME,
             architecture=lambda_.Architecture.ARM_64,
             handler=HANDLER,
             code=code,
@@ -181,29 +184,39 @@ class NormalizerFunction(Construct):
                 "AWS_LWA_PORT": str(APP_PORT),
                 "AWS_LWA_READINESS_CHECK_PATH": READINESS_PATH,
                 "AWS_LWA_PASS_THROUGH_PATH": PASS_THROUGH_PATH,
-                # The front door (prefix_routing.frontdoor.InvokeConfig.from_env).
-                "ENDPOINT_NAME": endpoint_name,
-                "INFERENCE_COMPONENT_NAME": component_name,
-                "ROUTING_STRATEGY": routing.strategy,
-                "PREFIX_LENGTH": str(routing.prefix_length or 0),
-                "BLOCK_BYTES": str(settings.block_bytes),
-                "TENANCY": settings.tenancy,
-                "TENANT_HEADER": settings.tenant_header,
+                # The front door (prefix_routing.frontdoor.InvokeConfig.from_env), as the stage sets it: the
+                # same mapping the local front door (emulate --front-door) reads.
+                **function_environment(endpoint_name=endpoint_name, component_name=component_name,
+                                       routing=routing, endpoint=endpoint, normalizer=settings),
                 "TENANT_KEY_SECRET_ARN": self.tenant_key.secret_arn,  # where the key is, not the key
-                "REQUEST_TIMEOUT_S": str(request_timeout_s),
-                "UPSTREAM_READ_TIMEOUT_S": str(min(MAX_READ_TIMEOUT_S, request_timeout_s)),
-                # Hot-prefix replication (normalizer.replication; prefix_routing.rules.replication),
-                # and the copy bounds it assumes before it has read the component's copy count.
-                "REPLICATION_ENABLED": "true" if replication.enabled else "false",
-                "REPLICATION_MAX_REPLICAS": str(replication.max_replicas),
-                "REPLICATION_TARGET_SHARE_FACTOR": repr(float(replication.target_share_factor)),
-                "REPLICATION_HALF_LIFE_S": repr(float(replication.half_life_s)),
-                "REPLICATION_MIN_REQUESTS": repr(float(replication.min_requests)),
-                "COPIES_MIN": str(endpoint.copies_min),
-                "COPIES_MAX": str(endpoint.copies_max),
             },
         )
         self.function_url = self.function.add_function_url(
             auth_type=lambda_.FunctionUrlAuthType.AWS_IAM,
             invoke_mode=lambda_.InvokeMode.RESPONSE_STREAM,
         )
+        # One way in per tenant: the URL, whose caller IAM identifies. A Function URL caller needs
+        # lambda:InvokeFunction too (since October 2025), but only through the URL: a direct invocation
+        # names its own tenant (the function refuses it unless normalizer.allow_direct_invoke).
+        self.tenant_policy = iam.ManagedPolicy(
+            self,
+            "TenantInvokePolicy",
+            description="Call the prefix-routing front door through its Function URL only (attach to tenants' roles)",
+            statements=tenant_invoke_statements(self.function.function_arn),
+        )
+        for index, principal in enumerate(settings.invoke_principals):
+            grantee = iam.AccountPrincipal(principal) if principal.isdigit() else iam.ArnPrincipal(principal)
+            self.function.add_permission(f"TenantUrl{index}", principal=grantee, action="lambda:InvokeFunctionUrl",
+                                         function_url_auth_type=lambda_.FunctionUrlAuthType.AWS_IAM)
+            self.function.add_permission(f"TenantViaUrl{index}", principal=grantee, action="lambda:InvokeFunction",
+                                         invoked_via_function_url=True)
+
+
+def tenant_invoke_statements(function_arn: str) -> list[iam.PolicyStatement]:
+    """What a tenant may do: call the Function URL, and invoke the function only through it."""
+    return [
+        iam.PolicyStatement(actions=["lambda:InvokeFunctionUrl"], resources=[function_arn],
+                            conditions={"StringEquals": {"lambda:FunctionUrlAuthType": "AWS_IAM"}}),
+        iam.PolicyStatement(actions=["lambda:InvokeFunction"], resources=[function_arn],
+                            conditions={"Bool": {"lambda:InvokedViaFunctionUrl": "true"}}),
+    ]

@@ -135,3 +135,17 @@ def test_no_hit_rate_alarm_for_a_container_that_reports_no_cached_tokens():
     descriptions = [a["AlarmDescription"] for a in _alarms(templates["observability"]).values()]
     assert not any("KV-cache hit rate" in d for d in descriptions)
     assert any("P50 time to first token" in d for d in descriptions)  # the rest stay
+
+
+def test_one_refused_direct_invocation_raises_an_alarm(default_templates):
+    alarms = default_templates["observability"].find_resources("AWS::CloudWatch::Alarm").values()
+    def stat(alarm):
+        metrics = alarm.get("Metrics") or [{}]
+        return metrics[0].get("MetricStat", {})
+
+    (alarm,) = [a["Properties"] for a in alarms if stat(a["Properties"]).get("Metric", {}).get("MetricName")
+                == "RefusedDirectInvocations"]
+    assert (alarm["Threshold"], alarm["EvaluationPeriods"], stat(alarm)["Stat"]) == (1, 1, "Sum")
+    assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+    assert stat(alarm)["Metric"]["Namespace"] == "PrefixRouting"
+    assert alarm["TreatMissingData"] == "notBreaching" and alarm["AlarmActions"]

@@ -184,8 +184,9 @@ def _run_isolated(asset: Path) -> subprocess.CompletedProcess:
 def test_the_asset_carries_its_own_sdk_that_knows_prefix_aware_id(default_stage):
     stacks, _ = default_stage
     (asset,) = [p for p in Path(stacks.normalizer.node.root.outdir).glob("asset.*") if (p / "run.sh").is_file()]
-    # bytecode compiled here would be for another Python than the function's runtime: none is shipped
-    assert not [p for p in asset.rglob("*.pyc")][:1]
+    # Only bytecode for the function's runtime (python3.14) is shipped: this machine's Python's would be
+    # for another interpreter (tests/stacks/test_normalizer_bytecode.py checks the files themselves).
+    assert {p.name.split(".")[-2] for p in asset.rglob("*.pyc")} == {"cpython-314"}
     result = _run_isolated(asset)
     assert result.returncode == 0, result.stderr
     found = json.loads(result.stdout)
@@ -224,3 +225,22 @@ def test_the_function_gets_replication_off_and_the_copy_bounds(default_templates
     config = InvokeConfig.from_env({name: value if isinstance(value, str) else "token" for name, value in env.items()})
     assert config.replication.enabled is False
     assert (config.copies_min, config.copies_max) == (stage.endpoint.copies_min, stage.endpoint.copies_max)
+
+
+def test_tenants_get_a_policy_for_the_url_and_invoke_only_through_it(default_templates):
+    template = default_templates["normalizer"]
+    (policy,) = template.find_resources("AWS::IAM::ManagedPolicy").values()
+    statements = policy["Properties"]["PolicyDocument"]["Statement"]
+    (function_id,) = [k for k, f in template.find_resources("AWS::Lambda::Function").items()
+                      if f["Properties"]["Handler"] == "run.sh"]
+    function_arn = {"Fn::GetAtt": [function_id, "Arn"]}
+    assert sorted((s["Action"], json.dumps(s["Condition"], sort_keys=True)) for s in statements) == [
+        ("lambda:InvokeFunction", '{"Bool": {"lambda:InvokedViaFunctionUrl": "true"}}'),
+        ("lambda:InvokeFunctionUrl", '{"StringEquals": {"lambda:FunctionUrlAuthType": "AWS_IAM"}}'),
+    ]
+    assert all(s["Resource"] == function_arn and s["Effect"] == "Allow" for s in statements)
+    outputs = template.find_outputs("TenantInvokePolicyArn")
+    assert len(outputs) == 1
+    # By default direct invocations are refused and no other account is named in the resource policy.
+    assert _function(template)["Environment"]["Variables"]["ALLOW_DIRECT_INVOKE"] == "false"
+    assert not template.find_resources("AWS::Lambda::Permission")

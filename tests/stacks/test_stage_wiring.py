@@ -30,7 +30,9 @@ WIRING = {
     "normalizer": {"tenancy": "header", "tenant_header": "x-org-id", "reserved_concurrency": 20,
                    "memory_mb": 1024, "timeout_s": 60, "log_retention_days": 14, "block_bytes": 512,
                    "replication": {"enabled": True, "max_replicas": 6, "target_share_factor": 1.5,
-                                   "half_life_s": 45}},
+                                   "half_life_s": 45},
+                   "allow_direct_invoke": True,
+                   "invoke_principals": ["111122223333", "arn:aws:iam::444455556666:role/ChatApp"]},
 }
 ENDPOINT_NAME = "wiring-prefix-llm"  # "<name>-prefix-llm"
 COMPONENT_NAME = "wiring-prefix-llm-ic"
@@ -200,7 +202,8 @@ def test_alarm_threshold_is_the_stages(wiring, attribute, threshold):
 
 def test_exactly_these_alarm_thresholds(templates):
     alarms = templates["observability"].find_resources("AWS::CloudWatch::Alarm").values()
-    assert sorted(a["Properties"]["Threshold"] for a in alarms) == sorted([1500, 0.45, 18, 24, 2.5, 1])
+    # the stage's five, the capacity failures' 1, and the refused direct invocations' 1 (any one)
+    assert sorted(a["Properties"]["Threshold"] for a in alarms) == sorted([1500, 0.45, 18, 24, 2.5, 1, 1])
 
 
 def test_alarm_descriptions_name_the_stages_thresholds(wiring):
@@ -236,3 +239,24 @@ def test_log_group_acknowledgements_name_the_stages_groups(wiring):
         ("AwsSolutions-IAM5[Action::kms:GenerateDataKey*]",
          "PrefixRouting-wiring-Observability/Advisor/Role/DefaultPolicy/Resource"),
     }
+
+
+# ---------------------------------------------------------------- who may call the front door
+
+
+def test_direct_invocations_are_allowed_as_the_stage_says(templates):
+    (function,) = [f["Properties"] for f in templates["normalizer"].find_resources("AWS::Lambda::Function").values()
+                   if f["Properties"]["Handler"] == "run.sh"]
+    assert function["Environment"]["Variables"]["ALLOW_DIRECT_INVOKE"] == "true"
+
+
+def test_each_invoke_principal_may_call_the_url_and_invoke_only_through_it(templates):
+    permissions = [p["Properties"] for p in templates["normalizer"].find_resources("AWS::Lambda::Permission").values()]
+    by_principal = {}
+    for permission in permissions:
+        by_principal.setdefault(permission["Principal"], []).append(permission)
+    assert set(by_principal) == {"111122223333", "arn:aws:iam::444455556666:role/ChatApp"}
+    for granted in by_principal.values():
+        url, via_url = sorted(granted, key=lambda p: p["Action"])  # InvokeFunction < InvokeFunctionUrl
+        assert (via_url["Action"], via_url["FunctionUrlAuthType"]) == ("lambda:InvokeFunctionUrl", "AWS_IAM")
+        assert (url["Action"], url["InvokedViaFunctionUrl"]) == ("lambda:InvokeFunction", True)
