@@ -19,7 +19,8 @@ enough for LWA's one connection.
   answers; later failures are reported in-band (see ``prefix_routing.frontdoor``).
 - Direct invocations (``lambda:InvokeFunction`` with ``{"body": {...}, "tenant": "..."}``): LWA
   passes non-HTTP events through as ``POST /events`` (``AWS_LWA_PASS_THROUGH_PATH``) with the
-  request context ``null``; the app answers with :func:`handle_event`'s buffered JSON. In
+  request context ``null``; the app answers with :func:`handle_event`'s buffered JSON: a 403 under
+  the ``iam`` and ``header`` tenancies (the event names its own tenant) unless ``ALLOW_DIRECT_INVOKE``. In
   ``response_stream`` mode LWA puts its HTTP metadata prelude (a JSON object and 8 zero bytes) in
   front of that payload; ``prefix_routing.frontdoor.decode_direct_payload`` strips it.
 - :func:`handler` is a plain ``handler(event, context)`` for the same events without LWA (tests, or a

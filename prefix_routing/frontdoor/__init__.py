@@ -20,8 +20,10 @@ One request, in order:
      end users and calls the Function URL with its own IAM identity);
    - ``none``: every request is tenant :data:`SHARED_TENANT`.
 
-   Direct invocations (``lambda:InvokeFunction``, already a privileged caller) name the tenant in the
-   event's ``tenant`` field. An optional application (header :attr:`InvokeConfig.application_header`,
+   Direct invocations (``lambda:InvokeFunction`` without the URL) name their tenant in the event's
+   ``tenant`` field, which any caller could fill with another tenant's: under ``iam`` and ``header``
+   they are refused with 403 (:func:`~prefix_routing.frontdoor.tenancy.check_way_in`) unless
+   :attr:`InvokeConfig.allow_direct_invoke`. An optional application (header :attr:`InvokeConfig.application_header`,
    or the event's ``application``) splits one tenant's traffic further; it can never reach another
    tenant's routing id, because the tenant is part of the keyed hash.
 
@@ -29,8 +31,9 @@ One request, in order:
    depth, required fields) is checked by :func:`prefix_routing.rules.normalize_body`, which also
    gives the canonical bytes, the prefix fingerprint and the block hashes; the tenant's
    ``PrefixAwareId`` and ``cache_salt`` come from :func:`prefix_routing.rules.routing_identity`
-   with the tenant key (a secret, never logged). Any problem is a :class:`RequestError`: HTTP 400
-   (401 for a missing IAM identity, 405 for a method other than POST) with a JSON body
+   with the tenant key (a secret, never logged); a client's own ``cache_salt`` is replaced (chat,
+   completion) or removed (LMI). Any problem is a :class:`RequestError`: HTTP 400 (401 for a missing
+   IAM identity, 403 for a refused direct invocation, 405 for a method other than POST) with a JSON body
    ``{"error": {"code", "field", "message", "status"}}`` that names it.
    With :attr:`InvokeConfig.stream_usage` (the default), a chat or completion body that streams
    (``"stream": true``) and does not say ``stream_options.include_usage`` gets
@@ -46,9 +49,10 @@ One request, in order:
    out as ``<id>-r<j>`` (:mod:`prefix_routing.rules.replication`); off, the tenant's id. Throttling and transient errors (see :func:`classify_error`) are retried with bounded,
    jittered exponential backoff, but only until the first ``PayloadPart`` has arrived, that is before
    anything was sent to the caller; the overall deadline is never overrun by a backoff sleep.
-   Persistent throttling answers 429 (with ``Retry-After``), an unavailable endpoint 503,
-   ``ModelError``/``ModelStreamError``/other upstream failures 502, timeouts 504, each with a JSON
-   error that says what happened.
+   Persistent throttling answers 429 (with ``Retry-After``), an unavailable endpoint 503, a
+   container's own 4xx that 4xx (``model_rejected``, the caller's mistake), other
+   ``ModelError``/``ModelStreamError``/upstream failures 502, timeouts 504, each with a JSON error
+   that says what happened.
 
 4. **The answer**: the generator yields a :class:`Head` (status and headers) as soon as the outcome
    is known (the first ``PayloadPart``, or an error), then every payload part's bytes as they arrive,
@@ -61,8 +65,8 @@ One request, in order:
    direct invocations.
 
 5. **Telemetry** (:class:`Telemetry`): per request one EMF document, serialized by Powertools (namespace
-   :data:`telemetry.NAMESPACE`, one dimension ``InferenceComponent``, high resolution) with TTFT (time
-   from the call to the first ``PayloadPart``), end-to-end latency, prompt and cached tokens,
+   :data:`telemetry.NAMESPACE`, one dimension ``InferenceComponent``, high resolution) with TTFT (from
+   the arrival to the first bytes handed to the client's socket), end-to-end latency (to the last), prompt and cached tokens,
    normalization time and the request/error counters (with replication: ``ReplicatedRequests`` and
    the ``HotPrefixes`` gauge), and one JSON log line with the :class:`telemetry.LogField` fields
    (tenant, routing id, fingerprint, block hashes, lengths, timings, status; with replication the
@@ -73,7 +77,9 @@ The modules, in the order of a request: :mod:`.config` (:class:`InvokeConfig`, t
 :mod:`.replicas` (hot-prefix replication), :mod:`.upstream` (the call and its retries),
 :mod:`.upstream_errors` (:func:`classify_error`), :mod:`.stream` (:class:`StreamReader`),
 :mod:`.record` (the log line and EMF document), :mod:`.copies` (the copy counts) and
-:mod:`.invoker` (:class:`Invoker`, which puts them together). This package imports only
+:mod:`.invoker` (:class:`Invoker`, which puts them together), :mod:`.webapp` (the HTTP server the
+Lambda Web Adapter talks to); for callers and local use :mod:`.sigv4` (SigV4 for the Function URL as
+an ``httpx`` auth) and :mod:`.local` (the front door on 127.0.0.1). This package imports only
 :mod:`prefix_routing.rules` of ours (and boto3's client is passed in).
 """
 
