@@ -68,6 +68,10 @@ def request_context(user_arn: str, method: str, path: str, source_ip: str) -> di
 class LocalFunctionUrlHandler(FrontDoorHandler):
     """The web app behind a stand-in for the Function URL's IAM auth and the adapter's headers."""
 
+    #: Seconds a socket may stall (a request line or body that does not come, a client that stops
+    #: reading): the thread is freed. (In Lambda the adapter is the only client; the app sets none.)
+    timeout = 60
+
     def _front(self) -> None:
         path = self.path.split("?", 1)[0]
         direct = (path == DIRECT_PATH and "authorization" not in self.headers

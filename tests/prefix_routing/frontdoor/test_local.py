@@ -145,3 +145,18 @@ def test_caller_arn_reads_the_access_key_id_of_a_sigv4_header():
     assert caller_arn(header) == "arn:aws:iam::000000000000:user/AKIDEXAMPLE"
     assert caller_arn("Bearer abc") is None and caller_arn(None) is None
     assert caller_arn("AWS4-HMAC-SHA256 Credential=bad key/20261202/") is None
+
+
+def test_a_stalled_body_does_not_hold_a_thread_for_ever(local, monkeypatch):
+    import socket
+
+    from prefix_routing.frontdoor.local import LocalFunctionUrlHandler
+
+    runtime, door, _ = local
+    monkeypatch.setattr(LocalFunctionUrlHandler, "timeout", 0.3)
+    stalled = socket.create_connection(("127.0.0.1", door.server.server_address[1]), timeout=5)
+    stalled.sendall(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\nauthorization: AWS4-HMAC-SHA256 "
+                    b"Credential=a/20261202/us-east-1/lambda/aws4_request, Signature=0\r\n\r\n{")  # 99 bytes missing
+    assert stalled.recv(1024) == b""  # the server gave up on the body and closed the connection
+    stalled.close()
+    assert runtime.requests == []
