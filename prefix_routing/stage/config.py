@@ -5,33 +5,176 @@ A stage is a TOML file under ``config/`` selected with ``cdk synth -c stage=NAME
 :class:`StageConfig`, so what you test locally is what you deploy.
 
 Every error names the file, the field path, the value and what is allowed; ``load_stage`` raises
-:class:`ConfigError` with all of them at once.
+:class:`ConfigError` with all of them at once. Every field has a ``description``: the configuration
+reference (``docs/configuration.md``) is generated from this module by ``tools/config_reference.py``.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from prefix_routing.rules.constants import FINGERPRINT_HEX_DIGITS, MAX_BODY_BYTES_LIMIT
 from prefix_routing.stage.presets import INSTANCES
 
 # PREFIX_ROUTING_CONFIG_DIR points synth at another folder of stage files (tests use it).
 CONFIG_DIR = Path(os.environ.get("PREFIX_ROUTING_CONFIG_DIR") or Path(__file__).resolve().parents[2] / "config")
 DEFAULT_STAGE = "default"
+#: Where the configuration reference lives (generated: ``tools/config_reference.py``).
+REFERENCE_DOC = "docs/configuration.md"
 
 ROUTING_STRATEGIES = ("RANDOM", "LEAST_OUTSTANDING_REQUESTS", "PREFIX_AWARE")
 PUBLISH_FREQUENCIES = (10, 30, 60, 120, 180, 240, 300)
 
 # Accelerators and host memory of the instance types we know come from the lab's instance table
-# (presets.INSTANCES). Other ml.* types are accepted with a warning; their copy packing is then
-# not checked at synth.
+# (presets.INSTANCES). Other types CloudFormation accepts are taken with a warning; their copy
+# packing is then not checked at synth.
+
+#: The instance types CloudFormation accepts for AWS::SageMaker::EndpointConfig
+#: ProductionVariants[].InstanceType: its resource schema's enum (cfn-lint 1.58.0's schemas, the same
+#: enum in every region; the schema has no pattern). By family: "p6-b200": "48xlarge" is
+#: ml.p6-b200.48xlarge. tests/prefix_routing/stage/test_config.py compares it with the installed
+#: cfn-lint's schema.
+_HOSTING_INSTANCE_FAMILIES = {
+    "c4": "large xlarge 2xlarge 4xlarge 8xlarge",
+    "c5": "large xlarge 2xlarge 4xlarge 9xlarge 18xlarge",
+    "c5d": "large xlarge 2xlarge 4xlarge 9xlarge 18xlarge",
+    "c6g": "large xlarge 2xlarge 4xlarge 8xlarge 12xlarge 16xlarge",
+    "c6gd": "large xlarge 2xlarge 4xlarge 8xlarge 12xlarge 16xlarge",
+    "c6gn": "large xlarge 2xlarge 4xlarge 8xlarge 12xlarge 16xlarge",
+    "c6i": "large xlarge 2xlarge 4xlarge 8xlarge 12xlarge 16xlarge 24xlarge 32xlarge",
+    "c6in": "large xlarge 2xlarge 4xlarge 8xlarge 12xlarge 16xlarge 24xlarge 32xlarge",
+    "c7g": "large xlarge 2xlarge 4xlarge 8xlarge 12xlarge 16xlarge",
+    "c7i": "large xlarge 2xlarge 4xlarge 8xlarge 12xlarge 16xlarge 24xlarge 48xlarge",
+    "c8g": "medium large xlarge 2xlarge 4xlarge 8xlarge 12xlarge 16xlarge 24xlarge 48xlarge",
+    "dl1": "24xlarge",
+    "g4dn": "xlarge 2xlarge 4xlarge 8xlarge 12xlarge 16xlarge",
+    "g5": "xlarge 2xlarge 4xlarge 8xlarge 12xlarge 16xlarge 24xlarge 48xlarge",
+    "g6": "xlarge 2xlarge 4xlarge 8xlarge 12xlarge 16xlarge 24xlarge 48xlarge",
+    "g6e": "xlarge 2xlarge 4xlarge 8xlarge 12xlarge 16xlarge 24xlarge 48xlarge",
+    "g7": "2xlarge 4xlarge 8xlarge 12xlarge 24xlarge 48xlarge",
+    "g7e": "2xlarge 4xlarge 8xlarge 12xlarge 24xlarge 48xlarge",
+    "inf1": "xlarge 2xlarge 6xlarge 24xlarge",
+    "inf2": "xlarge 8xlarge 24xlarge 48xlarge",
+    "m4": "xlarge 2xlarge 4xlarge 10xlarge 16xlarge",
+    "m5": "large xlarge 2xlarge 4xlarge 12xlarge 24xlarge",
+    "m5d": "large xlarge 2xlarge 4xlarge 12xlarge 24xlarge",
+    "m6g": "large xlarge 2xlarge 4xlarge 8xlarge 12xlarge 16xlarge",
+    "m6gd": "large xlarge 2xlarge 4xlarge 8xlarge 12xlarge 16xlarge",
+    "m6i": "large xlarge 2xlarge 4xlarge 8xlarge 12xlarge 16xlarge 24xlarge 32xlarge",
+    "m7i": "large xlarge 2xlarge 4xlarge 8xlarge 12xlarge 16xlarge 24xlarge 48xlarge",
+    "m8g": "medium large xlarge 2xlarge 4xlarge 8xlarge 12xlarge 16xlarge 24xlarge 48xlarge",
+    "p2": "xlarge 8xlarge 16xlarge",
+    "p3": "2xlarge 8xlarge 16xlarge",
+    "p4d": "24xlarge",
+    "p4de": "24xlarge",
+    "p5": "4xlarge 48xlarge",
+    "p5e": "48xlarge",
+    "p5en": "48xlarge",
+    "p6-b200": "48xlarge",
+    "p6-b300": "48xlarge",
+    "p6e-gb200": "36xlarge",
+    "r5": "large xlarge 2xlarge 4xlarge 12xlarge 24xlarge",
+    "r5d": "large xlarge 2xlarge 4xlarge 12xlarge 24xlarge",
+    "r6g": "large xlarge 2xlarge 4xlarge 8xlarge 12xlarge 16xlarge",
+    "r6gd": "large xlarge 2xlarge 4xlarge 8xlarge 12xlarge 16xlarge",
+    "r6i": "large xlarge 2xlarge 4xlarge 8xlarge 12xlarge 16xlarge 24xlarge 32xlarge",
+    "r7gd": "medium large xlarge 2xlarge 4xlarge 8xlarge 12xlarge 16xlarge",
+    "r7i": "large xlarge 2xlarge 4xlarge 8xlarge 12xlarge 16xlarge 24xlarge 48xlarge",
+    "r8g": "medium large xlarge 2xlarge 4xlarge 8xlarge 12xlarge 16xlarge 24xlarge 48xlarge",
+    "t2": "medium large xlarge 2xlarge",
+    "trn1": "2xlarge 32xlarge",
+    "trn1n": "32xlarge",
+    "trn2": "48xlarge",
+}
+HOSTING_INSTANCE_TYPES = frozenset(
+    f"ml.{family}.{size}" for family, sizes in _HOSTING_INSTANCE_FAMILIES.items() for size in sizes.split()
+)
 
 _NAME = r"^[a-zA-Z0-9](-*[a-zA-Z0-9])*$"  # SageMaker resource names and our stage names
+
+# The request log line (prefix_routing/frontdoor/record.py log_record, compact JSON) lists one block
+# hash per full block_bytes block of the normalized body (prefix_routing/rules/identity.py
+# block_hashes): FINGERPRINT_HEX_DIGITS = 16 hex digits each, as JSON strings separated by commas:
+#   16 digits + 2 quotes + 1 comma = 19 bytes per hash (ASCII), and 19 n + 1 bytes for n hashes
+#   (n - 1 commas, "[" and "]").
+# The largest body is MAX_BODY_BYTES_LIMIT = 6 MiB = 6,291,456 bytes (larger ones are refused).
+# CloudWatch Logs takes log events up to 256 KB = 262,144 bytes (26 bytes more count per event in
+# PutLogEvents; events over the limit are dropped or truncated). The line's other fields are bounded
+# and small (routing id <= 64, application <= 64, tenant header <= 128 or an IAM ARN, error field
+# <= 80 characters; about 1 KB in all): 16 KiB = 16,384 bytes are kept for them, which leaves
+# 262,144 - 16,384 = 245,760 bytes for the hashes: 19 n + 1 <= 245,760 gives n <= 12,934 hashes, so
+# block_bytes >= 6,291,456 / 12,935 = 486.4, rounded up to a power of two:
+#   block_bytes = 512: n = 6,291,456 / 512 = 12,288 hashes, 19 x 12,288 + 1 = 233,473 bytes,
+#                      leaving 28,671 bytes for the rest of the line;
+#   block_bytes = 256: n = 24,576, 466,945 bytes (too long); the former minimum, 64: 98,304 hashes,
+#                      1,867,777 bytes (1.78 MiB).
+_LOG_EVENT_LIMIT_BYTES = 256 * 1024
+_LOG_LINE_OTHER_FIELDS_BYTES = 16 * 1024
+_LOG_BYTES_PER_BLOCK_HASH = FINGERPRINT_HEX_DIGITS + 3  # "…",
+BLOCK_BYTES_MIN = 512
+assert _LOG_BYTES_PER_BLOCK_HASH * (MAX_BODY_BYTES_LIMIT // BLOCK_BYTES_MIN) + 1 <= (
+    _LOG_EVENT_LIMIT_BYTES - _LOG_LINE_OTHER_FIELDS_BYTES
+), "BLOCK_BYTES_MIN no longer keeps the largest request log line under 256 KB"
+
+# SageMaker's CreateModel ContainerDefinition.Environment (botocore's sagemaker model): EnvironmentMap
+# at most 100 entries, EnvironmentKey [a-zA-Z_][a-zA-Z0-9_]* up to 1024 characters, EnvironmentValue
+# up to 1024 characters. The stack sets up to 4 variables of its own (stacks/constructs/
+# inference_endpoint.py container_environment: vLLM 4, LMI 3), so a stage may add at most 96.
+ENVIRONMENT_MAX_ENTRIES = 100
+STACK_ENVIRONMENT_ENTRIES = 4
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ENV_MAX_LENGTH = 1024
+# A variable is a secret by its name when a word of it says so (HF_TOKEN, OPENAI_API_KEY,
+# DB_PASSWORD, AWS_SECRET_ACCESS_KEY, AWS_ACCESS_KEY_ID, GOOGLE_APPLICATION_CREDENTIALS...). TOKEN and
+# KEY count only in the last word (before a final ID), so that engine settings such as
+# SM_VLLM_MAX_NUM_BATCHED_TOKENS, SM_VLLM_LONG_PREFILL_TOKEN_THRESHOLD or
+# SM_VLLM_RETURN_TOKENS_AS_TOKEN_IDS pass.
+_SECRET_WORDS_ANYWHERE = ("SECRET", "SECRETS", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS",
+                          "APIKEY")
+_SECRET_LAST_WORDS = ("KEY", "AUTH", "AUTHORIZATION", "COOKIE")  # and any last word ending in TOKEN
+# Values that are credentials whatever their name: Hugging Face tokens, AWS access key ids.
+_SECRET_VALUES = (
+    (re.compile(r"\bhf_[A-Za-z0-9]{30,}"), "a Hugging Face token (hf_...)"),
+    (re.compile(r"\b(AKIA|ASIA)[A-Z0-9]{16}\b"), "an AWS access key id"),
+)
+_NO_SECRETS = (
+    "no secrets: container environment is plain text in the template and in the SageMaker model "
+    "(DescribeModel), and SageMaker has no secret references for it; for a gated Hugging Face model, "
+    "download the weights once, put them in S3 and set model.model_s3_uri (no token at run time)"
+)
+
+# S3 bucket naming rules (general purpose buckets): 3-63 characters, lowercase letters, digits, dots
+# and hyphens, beginning and ending with a letter or digit, no two adjacent dots, not an IP address,
+# none of the reserved prefixes and suffixes (access point aliases and directory buckets do not take
+# the bucket ARN the execution role is granted).
+_S3_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_S3_RESERVED_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
+_S3_RESERVED_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
+# The prefix goes into IAM resources (s3:GetObject on bucket/prefix*) and the s3:prefix condition,
+# where "*" and "?" are wildcards and "${...}" a policy variable: only S3's "safe" key characters
+# (letters, digits, ! - _ . ' ( ), less "*") and "/" between non-empty folder names.
+_S3_PREFIX = re.compile(r"([A-Za-z0-9!_.'()-]+/)*")
+_S3_URI_ALLOWED = (
+    "s3://<bucket>/<prefix>/: a bucket name of 3-63 lowercase letters, digits, '.' and '-' (S3's naming "
+    "rules), and folder names of letters, digits and ! - _ . ' ( ) each ending with '/' "
+    "('*' and '?' would be IAM wildcards in the role's grant)"
+)
+
+# ECR's RepositoryName (botocore's ecr model) and Docker's tag grammar (ECR takes the same).
+_ECR_REPOSITORY = r"^[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*(/[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*)*$"
+_IMAGE_TAG = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
+
+
+def _allowed(text: str, **extra: Any) -> dict[str, Any]:
+    """``json_schema_extra`` for a field whose rule is a validator: the reference's "allowed" text."""
+    return {"allowed": text, **extra}
 
 
 class ConfigError(Exception):
@@ -43,21 +186,134 @@ class ConfigError(Exception):
 
 
 class _Section(BaseModel):
-    # Unknown keys are typos; strict types: "4096" is not 4096.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # Unknown keys are typos; strict types: "4096" is not 4096; inf and nan are no numbers
+    # (CloudFormation's JSON has neither: synth would crash).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+def _name_words(name: str) -> list[str]:
+    """The words of a variable name, upper case: HF_TOKEN, hfToken and HFToken give HF, TOKEN."""
+    return [w.upper() for w in re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+", name)]
+
+
+def secret_word(name: str) -> str | None:
+    """The word that makes ``name`` the name of a secret (``HF_TOKEN``: ``TOKEN``), else None."""
+    words = _name_words(name)
+    for word in words:
+        if word in _SECRET_WORDS_ANYWHERE:
+            return word
+    if len(words) > 1 and words[-1] == "ID":  # AWS_ACCESS_KEY_ID
+        words.pop()
+    if words and (words[-1] in _SECRET_LAST_WORDS or words[-1].endswith("TOKEN")):
+        return words[-1]
+    return None
+
+
+def _environment_key(key: str) -> str:
+    if not _ENV_KEY.fullmatch(key) or len(key) > _ENV_MAX_LENGTH:
+        raise ValueError(
+            f"not an environment variable name; allowed: [A-Za-z_][A-Za-z0-9_]*, at most {_ENV_MAX_LENGTH} "
+            "characters (SageMaker's EnvironmentKey)"
+        )
+    word = secret_word(key)
+    if word:
+        raise ValueError(f"names a secret ({word}); allowed: {_NO_SECRETS}")
+    return key
+
+
+def _environment_value(value: str) -> str:
+    for pattern, what in _SECRET_VALUES:
+        if pattern.search(value):
+            raise ValueError(f"the value looks like {what}; allowed: {_NO_SECRETS}")
+    if len(value) > _ENV_MAX_LENGTH:
+        raise ValueError(f"{len(value)} characters; allowed: at most {_ENV_MAX_LENGTH} (SageMaker's EnvironmentValue)")
+    return value
+
+
+def _shown_environment_value(value: Any) -> str:
+    """How an environment value appears in an error: never a secret, never a whole long value."""
+    if not isinstance(value, str):
+        return repr(value)
+    if any(pattern.search(value) for pattern, _ in _SECRET_VALUES):
+        return "(not shown)"
+    return repr(value) if len(value) <= 40 else repr(value[:40]) + "..."
+
+
+EnvironmentKey = Annotated[str, AfterValidator(_environment_key)]
+EnvironmentValue = Annotated[str, AfterValidator(_environment_value)]
+
+
+def _s3_uri_problem(value: str) -> str | None:
+    if not value.startswith("s3://"):
+        return "must begin with s3://"
+    bucket, slash, prefix = value.removeprefix("s3://").partition("/")
+    if not slash:
+        return "names no folder: it must end with '/'"
+    if not _S3_BUCKET.fullmatch(bucket):
+        return f"bucket {bucket!r} is not a valid S3 bucket name"
+    if ".." in bucket:
+        return f"bucket {bucket!r} has two adjacent dots"
+    try:
+        ipaddress.IPv4Address(bucket)
+        return f"bucket {bucket!r} is formatted as an IP address"
+    except ValueError:
+        pass
+    if bucket.startswith(_S3_RESERVED_PREFIXES) or bucket.endswith(_S3_RESERVED_SUFFIXES):
+        return f"bucket {bucket!r} has a prefix or suffix S3 reserves (access point aliases, directory buckets)"
+    if prefix and not prefix.endswith("/"):
+        return f"{value!r} must end with '/': an S3Prefix model data URI names a folder"
+    if not _S3_PREFIX.fullmatch(prefix):
+        odd = sorted({c for c in prefix if not re.fullmatch(r"[A-Za-z0-9!_.'()/-]", c)})
+        if odd:
+            return f"prefix {prefix!r} has {' and '.join(map(repr, odd))}"
+        return f"prefix {prefix!r} has an empty folder name"
+    return None
 
 
 class ModelSettings(_Section):
-    framework: Literal["vllm", "djl-lmi"]
-    image_repository: str = Field(min_length=1, description="ECR repository in the regional DLC account")
-    image_tag: str = Field(min_length=1, description="a pinned tag, never 'latest'")
-    model_id: str | None = Field(None, description="Hugging Face model id")
-    model_s3_uri: str | None = Field(None, description="s3://bucket/prefix/ of uncompressed weights")
-    environment: dict[str, str] = Field(default_factory=dict, description="extra container environment")
-    tensor_parallel_degree: int = Field(1, ge=1, le=8)
-    accelerators_per_copy: int = Field(1, ge=1, le=8)
-    memory_per_copy_mb: int = Field(24 * 1024, ge=1024)
-    startup_health_check_timeout_s: int = Field(1800, ge=60, le=3600)
+    """The [model] section: the serving container and the weights."""
+
+    framework: Literal["vllm", "djl-lmi"] = Field(
+        description="the serving container: the SageMaker vLLM DLC (`vllm`) or DJL LMI (`djl-lmi`)"
+    )
+    image_repository: str = Field(
+        min_length=2, max_length=256, pattern=_ECR_REPOSITORY,
+        description="ECR repository in the regional Deep Learning Containers account (e.g. `vllm`, `djl-inference`)",
+    )
+    image_tag: str = Field(
+        pattern=_IMAGE_TAG, description="the image tag, pinned",
+        json_schema_extra=_allowed("not `latest` (it changes under a running endpoint)"),
+    )
+    model_id: str | None = Field(None, description="Hugging Face model id; exactly one of `model_id`, `model_s3_uri`")
+    model_s3_uri: str | None = Field(
+        None, max_length=1024,
+        description="`s3://bucket/prefix/` of uncompressed weights; the execution role may only read that prefix",
+        json_schema_extra=_allowed(
+            "`s3://<bucket>/<prefix>/`: a bucket name of 3–63 lowercase letters, digits, `.` and `-` (S3's naming "
+            "rules), folder names of letters, digits and `! - _ . ' ( )`, each ending with `/` (`*` and `?` would "
+            "be IAM wildcards in the role's grant)"
+        ),
+    )
+    environment: dict[EnvironmentKey, EnvironmentValue] = Field(
+        default_factory=dict, max_length=ENVIRONMENT_MAX_ENTRIES - STACK_ENVIRONMENT_ENTRIES,
+        description="extra container environment; wins over the variables the stack sets. Plain text in the "
+        "template: no secrets. Refused: a name whose last word (before a final ID) ends in TOKEN or is KEY, AUTH, "
+        "AUTHORIZATION or COOKIE, or that has the word SECRET(S), PASSWORD, PASSWD, PASSPHRASE, CREDENTIAL(S) "
+        "or APIKEY; a value that looks like a Hugging Face token or an AWS access key id. A gated Hugging Face "
+        "model: put its weights in S3 and set `model_s3_uri` (no token at run time)",
+        json_schema_extra=_allowed(
+            f"names match `[A-Za-z_][A-Za-z0-9_]*`; names and values at most {_ENV_MAX_LENGTH} characters "
+            f"(SageMaker allows {ENVIRONMENT_MAX_ENTRIES} variables; the stack sets up to {STACK_ENVIRONMENT_ENTRIES})"
+        ),
+    )
+    tensor_parallel_degree: int = Field(
+        1, ge=1, le=8, description="GPUs one copy shards the model over; equal to `accelerators_per_copy`"
+    )
+    accelerators_per_copy: int = Field(1, ge=1, le=8, description="accelerators (GPUs) per copy; at most the instance's")
+    memory_per_copy_mb: int = Field(24 * 1024, ge=1024, description="host memory per copy (MiB); at most the instance's")
+    startup_health_check_timeout_s: int = Field(
+        1800, ge=60, le=3600, description="seconds a copy may take to start (also the model download timeout)"
+    )
 
     @field_validator("image_tag")
     @classmethod
@@ -69,10 +325,9 @@ class ModelSettings(_Section):
     @field_validator("model_s3_uri")
     @classmethod
     def _s3_uri(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"s3://[a-z0-9.\-]{3,63}/.*", value):
-            raise ValueError("must look like s3://bucket/prefix/")
-        if value is not None and not value.endswith("/"):
-            raise ValueError(f"{value!r} must end with '/': an S3Prefix model data URI names a folder")
+        problem = _s3_uri_problem(value) if value is not None else None
+        if problem:
+            raise ValueError(f"{problem}; allowed: {_S3_URI_ALLOWED}")
         return value
 
     @model_validator(mode="after")
@@ -102,13 +357,41 @@ class ModelSettings(_Section):
 
 
 class EndpointSettings(_Section):
-    instance_type: str = Field(pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
-    instances_min: int = Field(1, ge=0, le=100, description="0 allows scale to zero")
-    instances_max: int = Field(2, ge=1, le=100)
-    copies_min: int = Field(1, ge=0, le=1000, description="0 allows scale to zero")
-    copies_max: int = Field(2, ge=1, le=1000)
-    scale_in_strategy: Literal["IDLE_RELEASE", "CONSOLIDATION"] = "IDLE_RELEASE"
-    scale_in_cooldown_minutes: int = Field(15, ge=5, le=1440)
+    """The [endpoint] section: instances and copies of the inference component."""
+
+    instance_type: str = Field(
+        description="SageMaker instance type; the types of the lab's instance table (ml.g6e, ml.p4d, ml.p4de, "
+        "ml.p5, ml.p5e) are checked for accelerator and memory fit, others get a warning",
+        json_schema_extra=_allowed(
+            f"one of the {len(HOSTING_INSTANCE_TYPES)} types CloudFormation accepts for an endpoint config "
+            "(e.g. `ml.g6e.xlarge`, `ml.p5.48xlarge`, `ml.p6-b200.48xlarge`)"
+        ),
+    )
+    instances_min: int = Field(
+        1, ge=0, le=100, description="instances at least; 0 allows scale to zero; at most `instances_max`"
+    )
+    instances_max: int = Field(2, ge=1, le=100, description="instances at most")
+    copies_min: int = Field(1, ge=0, le=1000, description="copies at least; 0 allows scale to zero; at most `copies_max`")
+    copies_max: int = Field(2, ge=1, le=1000, description="copies at most; at most what `instances_max` instances hold")
+    scale_in_strategy: Literal["IDLE_RELEASE", "CONSOLIDATION"] = Field(
+        "IDLE_RELEASE", description="how managed instance scaling scales in: release idle instances, or consolidate copies"
+    )
+    scale_in_cooldown_minutes: int = Field(15, ge=5, le=1440, description="minutes between instance scale-ins")
+
+    @field_validator("instance_type")
+    @classmethod
+    def _instance_type(cls, value: str) -> str:
+        if value not in HOSTING_INSTANCE_TYPES:
+            import difflib
+
+            close = difflib.get_close_matches(value, sorted(HOSTING_INSTANCE_TYPES), n=3)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise ValueError(
+                f"not an instance type CloudFormation accepts for AWS::SageMaker::EndpointConfig{hint}; allowed: "
+                f"ml.<family>.<size> of its {len(HOSTING_INSTANCE_TYPES)} hosting types, e.g. ml.g6e.xlarge, "
+                "ml.p5.48xlarge, ml.p6-b200.48xlarge"
+            )
+        return value
 
     @model_validator(mode="after")
     def _ranges(self) -> "EndpointSettings":
@@ -120,9 +403,21 @@ class EndpointSettings(_Section):
 
 
 class RoutingSettings(_Section):
-    strategy: str
-    prefix_length: int | None = Field(4096, ge=1024, le=65536, description="bytes of the body that key routing")
-    concurrency_threshold: int | None = Field(10, ge=1, le=1024, description="in-flight requests per copy before spilling")
+    """The [routing] section: the endpoint config's RoutingConfig."""
+
+    strategy: str = Field(
+        description="how SageMaker picks a copy for a request",
+        json_schema_extra=_allowed(
+            "`RANDOM`, `LEAST_OUTSTANDING_REQUESTS`, `PREFIX_AWARE` (`KV_AWARE`: rejected, CloudFormation "
+            "does not accept it yet)"
+        ),
+    )
+    prefix_length: int | None = Field(
+        4096, ge=1024, le=65536, description="bytes from the start of the body that key routing; needed by `PREFIX_AWARE`"
+    )
+    concurrency_threshold: int | None = Field(
+        10, ge=1, le=1024, description="in-flight requests per copy before spilling to another; needed by `PREFIX_AWARE`"
+    )
 
     @field_validator("strategy")
     @classmethod
@@ -144,8 +439,14 @@ class RoutingSettings(_Section):
 
 
 class MetricsSettings(_Section):
-    publish_frequency_s: int = 10
-    detailed_observability: bool = False  # billed per GB; AWS turns it on by default, so say it
+    """The [metrics] section: the endpoint config's MetricsConfig (enhanced metrics are always on)."""
+
+    publish_frequency_s: int = Field(
+        10, description="seconds between the endpoint's metric publications",
+        json_schema_extra=_allowed(", ".join(map(str, PUBLISH_FREQUENCIES))),
+    )
+    # Billed per GB; AWS turns it on by default, so say it.
+    detailed_observability: bool = Field(False, description="container Prometheus metrics (billed per GB)")
 
     @field_validator("publish_frequency_s")
     @classmethod
@@ -156,87 +457,163 @@ class MetricsSettings(_Section):
 
 
 class ScalingSettings(_Section):
-    target_concurrent_requests_per_copy: float = Field(4.0, gt=0, le=1024)
-    scale_out_cooldown_s: int = Field(60, ge=0, le=3600)
-    scale_in_cooldown_s: int = Field(300, ge=0, le=3600)
+    """The [scaling] section: copy autoscaling (Application Auto Scaling target tracking)."""
+
+    target_concurrent_requests_per_copy: float = Field(
+        4.0, gt=0, le=1024,
+        description="target of concurrent requests per copy; with `PREFIX_AWARE` at most `routing.concurrency_threshold`",
+    )
+    scale_out_cooldown_s: int = Field(60, ge=0, le=3600, description="seconds after a scale-out before the next")
+    scale_in_cooldown_s: int = Field(300, ge=0, le=3600, description="seconds after a scale-in before the next")
 
 
 class AlarmSettings(_Section):
-    ttft_p50_ms: float = Field(2000.0, gt=0, description="alarm when P50 time to first token exceeds this")
+    """The [alarms] section: thresholds of the stage's alarms (notifications go to its SNS topic)."""
+
+    ttft_p50_ms: float = Field(
+        2000.0, gt=0, le=900_000,
+        description="alarm when P50 time to first token exceeds this (ms); a first token later than the front "
+        "door's longest timeout (900 s) never comes",
+    )
     hotspot_factor: float = Field(
         2.0, gt=1, le=100, description="an instance above this multiple of its fair share (the scaling target)"
     )
-    minimum_hit_rate: float = Field(0.3, ge=0, le=1, description="cached / prompt tokens below this")
+    minimum_hit_rate: float = Field(0.3, ge=0, le=1, description="alarm when cached ÷ prompt tokens fall below this")
     error_rate_percent: float = Field(1.0, gt=0, le=100, description="5XX errors as % of invocations")
     evaluation_periods: int = Field(5, ge=1, le=60, description="minutes a condition must hold")
-    emails: list[Annotated[str, Field(pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")]] = Field(default_factory=list)
+    emails: list[Annotated[str, Field(pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")]] = Field(
+        default_factory=list, description="e-mail subscriptions of the alarm topic"
+    )
 
 
 class ReplicationStageSettings(_Section):
     """The [normalizer.replication] section: hot-prefix replication by the front door
-    (``prefix_routing.rules.replication``; the function reads it from ``REPLICATION_*``)."""
+    (``prefix_routing.rules.replication``; the function reads it from ``REPLICATION_*``).
 
-    enabled: bool = False
-    max_replicas: int = Field(32, ge=1, le=64, description="the most replicas (PrefixAwareIds) one prefix gets")
+    Replication sizes a prefix's replicas by the inference component's current copy count, which the
+    front door reads once a minute (``DescribeInferenceComponent``); until its first reading it assumes
+    ``endpoint.copies_min`` (the conservative bound: fewer and later replicas), and it never assumes
+    more than ``endpoint.copies_max``. Each execution environment of the function counts its own
+    requests."""
+
+    enabled: bool = Field(
+        False,
+        description="hot-prefix replication: the front door sends replica j of a hot prefix with `PrefixAwareId "
+        "<id>-r<j>`, so it gets more than one warm copy",
+    )
+    max_replicas: int = Field(
+        32, ge=1, le=64, description="the most replicas (PrefixAwareIds) one prefix (tenant and prefix fingerprint) gets"
+    )
     target_share_factor: float = Field(
         0.1, ge=0.01, le=1000,
-        description="a prefix is replicated once it takes more than this many fair shares, 1/copies, of recent requests",
+        description="a prefix is replicated once it takes more than this many fair shares, 1/copies, of recent "
+        "requests; each replica then carries at most that many (small pieces even out the router's random "
+        "placement; replicas on one copy share its cache)",
     )
-    half_life_s: float = Field(300.0, ge=1, le=86400, description="seconds after which a request counts half")
-    min_requests: float = Field(8.0, ge=1, le=10000, description="recent requests of a prefix before it is replicated")
+    half_life_s: float = Field(
+        300.0, ge=1, le=86400, description="seconds after which a request counts half in the recent-request shares"
+    )
+    min_requests: float = Field(
+        8.0, ge=1, le=10000,
+        description="recent (decayed) requests of a prefix before it may be replicated, so that chance does not "
+        "split cold prefixes",
+    )
 
 
 #: An account id, or the ARN of an IAM role or user (what a Lambda resource policy names as principal).
 _PRINCIPAL = r"^(\d{12}|arn:aws[a-z-]*:iam::\d{12}:(role|user)/[A-Za-z0-9_+=,.@/-]+)$"
+_LOG_RETENTION_DAYS = Literal[1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365]
 
 
 class NormalizerFunctionSettings(_Section):
-    """The [normalizer] section: how the front-door Lambda is deployed (the rules are in normalize.py)."""
+    """The [normalizer] section: how the front-door Lambda is deployed (its normalization rules are
+    ``prefix_routing.rules``)."""
 
-    tenancy: Literal["iam", "header", "none"] = "iam"
-    tenant_header: str = Field("x-tenant-id", pattern=r"^[a-z0-9-]+$")
+    tenancy: Literal["iam", "header", "none"] = Field(
+        "iam", description="who the tenant is: `iam` (the caller's IAM identity), `header` (trusted callers), `none`"
+    )
+    tenant_header: str = Field("x-tenant-id", pattern=r"^[a-z0-9-]+$", description="header read when tenancy is `header`")
     allow_direct_invoke: bool = Field(
-        False, description="answer direct invocations, trusting every direct caller with the tenant it names",
+        False,
+        description="true: answer direct invocations (`lambda:InvokeFunction`), trusting every direct caller with "
+        "the tenant its event names; false: refused with 403, the Function URL is the one way in",
     )
     invoke_principals: list[Annotated[str, Field(pattern=_PRINCIPAL, max_length=2048)]] = Field(
         default_factory=list,
-        description="accounts (12 digits) or IAM role/user ARNs the function's resource policy lets call its URL",
+        description="accounts (12 digits) or IAM role/user ARNs the function's resource policy lets call its URL "
+        "(`lambda:InvokeFunctionUrl`, and `lambda:InvokeFunction` only via the URL)",
     )
-    reserved_concurrency: int = Field(50, ge=1, le=1000)
-    memory_mb: int = Field(512, ge=128, le=10240)
-    timeout_s: int = Field(120, ge=5, le=900)
-    log_retention_days: Literal[1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365] = 30
-    block_bytes: int = Field(2048, ge=64, le=65536)
-    replication: ReplicationStageSettings = ReplicationStageSettings()
+    reserved_concurrency: int = Field(
+        50, ge=1, le=1000, description="the function's reserved concurrency: the client-level throughput limit"
+    )
+    memory_mb: int = Field(512, ge=128, le=10240, description="the function's memory (MB)")
+    timeout_s: int = Field(120, ge=5, le=900, description="the function's timeout (s)")
+    log_retention_days: _LOG_RETENTION_DAYS = Field(
+        30, description="retention of the function's log group (a CloudWatch Logs value)"
+    )
+    block_bytes: int = Field(
+        2048, ge=BLOCK_BYTES_MIN, le=65536,
+        description="block size of the chained hashes in the request log line; from 512 so that the line of the "
+        "largest body (6 MiB) stays under CloudWatch Logs' 256 KB event limit",
+    )
+    replication: ReplicationStageSettings = Field(
+        ReplicationStageSettings(), description="hot-prefix replication by the front door"
+    )
 
 
 class AdvisorSettings(_Section):
     """The [advisor] section: the routing advisor function (prefix_routing.advisor), run on a schedule
     over the last window of the normalizer's request log."""
 
-    enabled: bool = True
-    schedule_minutes: int = Field(60, ge=5, le=1440, description="minutes between runs; each reads that window")
-    notify_gain_points: float = Field(5.0, gt=0, le=100, description="hit-rate points the best settings must gain")
-    notify_ttft_gain: float = Field(0.2, gt=0, lt=1, description="or this share of P50 TTFT they must cut")
-    notify_after_runs: int = Field(3, ge=1, le=1000, description="consecutive runs with the same advice before notifying")
-    max_events: int = Field(100_000, ge=1000, le=1_000_000, description="request-log lines read per run at most")
-    memory_mb: int = Field(1024, ge=256, le=10240)
-    timeout_s: int = Field(300, ge=60, le=900)
-    log_retention_days: Literal[1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365] = 30
+    enabled: bool = Field(
+        True,
+        description="the routing advisor function: every `schedule_minutes` it replays that window of the request "
+        "log through the lab, publishes `PredictedHitRate`, `BestPredictedHitRate`, `HitRateBound`, "
+        "`MeasuredHitRate`, `PrefixReuseShare` and the recommended settings, and notifies the alarm topic when "
+        "they would pay",
+    )
+    schedule_minutes: int = Field(60, ge=5, le=1440, description="minutes between runs; each run reads the window since the last")
+    notify_gain_points: float = Field(
+        5.0, gt=0, le=100, description="hit-rate points the recommended settings must gain over the current ones to count"
+    )
+    notify_ttft_gain: float = Field(0.2, gt=0, lt=1, description="or the share of P50 TTFT they must cut")
+    notify_after_runs: int = Field(
+        3, ge=1, le=1000,
+        description="consecutive runs with the same recommendation before one notification (then none until it changes)",
+    )
+    max_events: int = Field(
+        100_000, ge=1000, le=1_000_000,
+        description="request-log lines read per run at most; a run that hits the bound logs where it cut the window",
+    )
+    memory_mb: int = Field(1024, ge=256, le=10240, description="the function's memory (MB)")
+    timeout_s: int = Field(300, ge=60, le=900, description="the function's timeout (s)")
+    log_retention_days: _LOG_RETENTION_DAYS = Field(
+        30, description="retention of the function's log group (a CloudWatch Logs value)"
+    )
 
 
 class StageConfig(_Section):
-    name: str = Field(DEFAULT_STAGE, pattern=_NAME, max_length=20)
-    region: str | None = Field(None, pattern=r"^[a-z]{2}(-[a-z]+)+-\d$")
-    account: str | None = Field(None, pattern=r"^\d{12}$")
-    model: ModelSettings
-    endpoint: EndpointSettings
-    routing: RoutingSettings
-    metrics: MetricsSettings = MetricsSettings()
-    scaling: ScalingSettings = ScalingSettings()
-    alarms: AlarmSettings = AlarmSettings()
-    normalizer: NormalizerFunctionSettings = NormalizerFunctionSettings()
-    advisor: AdvisorSettings = AdvisorSettings()
+    """A stage: one TOML file (``config/<name>.toml``), or the embedded default."""
+
+    name: str = Field(
+        DEFAULT_STAGE, pattern=_NAME, max_length=20,
+        description="stage name: the stacks are `PrefixRouting-<name>-…`, the endpoint `<name>-prefix-llm` "
+        "(lower case); in a stage file it must equal the file name, and no two stages may differ only in case",
+        json_schema_extra=_allowed("letters, digits and `-`, beginning and ending with a letter or digit",
+                                   doc_default="the file name"),
+    )
+    region: str | None = Field(
+        None, pattern=r"^[a-z]{2}(-[a-z]+)+-\d$", description="pins the stacks' region; unset: environment-agnostic"
+    )
+    account: str | None = Field(None, pattern=r"^\d{12}$", description="pins the stacks' account; unset: environment-agnostic")
+    model: ModelSettings = Field(description="the serving container and the weights")
+    endpoint: EndpointSettings = Field(description="instances and copies")
+    routing: RoutingSettings = Field(description="the endpoint's routing")
+    metrics: MetricsSettings = Field(MetricsSettings(), description="the endpoint's metrics")
+    scaling: ScalingSettings = Field(ScalingSettings(), description="copy autoscaling")
+    alarms: AlarmSettings = Field(AlarmSettings(), description="alarm thresholds")
+    normalizer: NormalizerFunctionSettings = Field(NormalizerFunctionSettings(), description="the front-door function")
+    advisor: AdvisorSettings = Field(AdvisorSettings(), description="the routing advisor function")
 
     @model_validator(mode="after")
     def _cross_section(self) -> "StageConfig":
@@ -360,8 +737,8 @@ DEFAULT_STAGE_DATA: dict[str, Any] = {
 }
 
 
-def _allowed_range(loc: tuple[Any, ...]) -> str | None:
-    """'allowed: 1024 to 65536' from the Field bounds of the field at ``loc``."""
+def field_at(loc: tuple[Any, ...]) -> Any:
+    """The pydantic FieldInfo of the field at ``loc`` (e.g. ``("routing", "prefix_length")``), or None."""
     model: Any = StageConfig
     field = None
     for part in loc:
@@ -370,9 +747,14 @@ def _allowed_range(loc: tuple[Any, ...]) -> str | None:
             return None
         field = fields[part]
         model = field.annotation
+    return field
+
+
+def range_text(metadata: Any) -> str | None:
+    """'from 1024 to 65536', 'more than 0, less than 1'... from a field's Ge/Gt/Le/Lt bounds, or None."""
     bounds = {
         type(m).__name__: getattr(m, type(m).__name__.lower())
-        for m in (field.metadata if field else ())
+        for m in (metadata or ())
         if type(m).__name__ in ("Ge", "Gt", "Le", "Lt")
     }
     low = bounds.get("Ge", bounds.get("Gt"))
@@ -382,21 +764,44 @@ def _allowed_range(loc: tuple[Any, ...]) -> str | None:
     low_word = "more than" if "Gt" in bounds else "from"
     high_word = "less than" if "Lt" in bounds else "to"  # "to 1" would wrongly allow 1
     if high is None:
-        return f"allowed: {low_word} {low}"
-    return f"allowed: {low_word} {low} to {high}" if high_word == "to" else f"allowed: {low_word} {low}, {high_word} {high}"
+        return f"{low_word} {low}"
+    if low is None:
+        return f"at most {high}" if high_word == "to" else f"less than {high}"
+    return f"{low_word} {low} to {high}" if high_word == "to" else f"{low_word} {low}, {high_word} {high}"
+
+
+def _allowed_range(loc: tuple[Any, ...]) -> str | None:
+    """'allowed: 1024 to 65536' from the Field bounds of the field at ``loc``."""
+    field = field_at(loc)
+    text = range_text(field.metadata if field else None)
+    return f"allowed: {text}" if text else None
 
 
 def _format_error(source: str, error: dict[str, Any]) -> str:
-    path = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    loc = tuple(error["loc"])
+    path = ".".join(str(part) for part in loc) or "(top level)"
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
-        return f"{source}: {path}: unknown key (a typo?); see the configuration reference in README.md"
+        return f"{source}: {path}: unknown key (a typo?); see the configuration reference in {REFERENCE_DOC}"
     if error["type"] == "missing":
         return f"{source}: {path}: required field is missing"
+    if loc[:2] == ("model", "environment") and len(loc) > 2:
+        # A variable's name or value: the value is never shown whole (it may be a secret).
+        if loc[-1] == "[key]":
+            return f"{source}: model.environment key {error['input']!r}: {message}"
+        return f"{source}: model.environment.{loc[2]} = {_shown_environment_value(error['input'])}: {message}"
+    if error["type"] == "too_long" and isinstance(error["input"], (dict, list)):
+        limit = error.get("ctx", {}).get("max_length")
+        why = (f" (SageMaker takes {ENVIRONMENT_MAX_ENTRIES} variables; the stack sets up to {STACK_ENVIRONMENT_ENTRIES})"
+               if loc == ("model", "environment") else "")
+        return f"{source}: {path}: {len(error['input'])} entries; allowed: at most {limit}{why}"
     if isinstance(error["input"], dict):  # a rule across fields: the message names them and their values
         return f"{source}: {path}: {message}"
     if error["type"] in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
-        message = _allowed_range(error["loc"]) or message
+        message = _allowed_range(loc) or message
+    if error["type"] == "finite_number":  # inf, -inf, nan
+        bounds = _allowed_range(loc)
+        message = f"{bounds}, a finite number" if bounds else "allowed: a finite number"
     return f"{source}: {path} = {error['input']!r}: {message}"
 
 
@@ -404,20 +809,52 @@ def parse_stage(data: dict[str, Any], *, source: str) -> StageConfig:
     try:
         return StageConfig.model_validate(data)
     except ValidationError as error:
-        raise ConfigError([_format_error(source, e) for e in error.errors(include_url=False)]) from None
+        errors = error.errors(include_url=False)
+        # A variable whose name is refused needs no second line about its value.
+        refused = {e["loc"][:3] for e in errors
+                   if tuple(e["loc"][:2]) == ("model", "environment") and e["loc"][-1] == "[key]"}
+        errors = [e for e in errors if len(e["loc"]) != 3 or tuple(e["loc"]) not in refused]
+        raise ConfigError([_format_error(source, e) for e in errors]) from None
+
+
+def _case_twins(name: str, config_dir: Path) -> list[str]:
+    """Other stages whose names differ from ``name`` only in case (they would share the endpoint)."""
+    names = {p.stem for p in config_dir.glob("*.toml")} | {DEFAULT_STAGE}
+    return sorted(other for other in names if other != name and other.lower() == name.lower())
 
 
 def load_stage(name: str = DEFAULT_STAGE, *, config_dir: Path = CONFIG_DIR) -> StageConfig:
     """The stage ``name``: the embedded default, or ``config_dir/<name>.toml``."""
-    if name == DEFAULT_STAGE and not (config_dir / f"{name}.toml").exists():
-        return parse_stage(DEFAULT_STAGE_DATA, source="embedded default stage")
     path = config_dir / f"{name}.toml"
-    if not re.fullmatch(_NAME, name) or not path.is_file():
-        available = sorted(p.stem for p in config_dir.glob("*.toml")) + [DEFAULT_STAGE]
+    files = {p.name for p in config_dir.glob("*.toml")}  # exact names, on case-insensitive disks too
+    if not re.fullmatch(_NAME, name) or (path.name not in files and name != DEFAULT_STAGE):
+        available = sorted(p.removesuffix(".toml") for p in files) + [DEFAULT_STAGE]
         raise ConfigError([f"stage {name!r}: no file {path}; available stages: {', '.join(sorted(set(available)))}"])
+    twins = _case_twins(name, config_dir)
+    if twins:
+        raise ConfigError([
+            f"{path if path.name in files else 'embedded default stage'}: name {name!r} differs only in case from "
+            f"stage {', '.join(map(repr, twins))}: both would deploy the endpoint {name.lower()}-prefix-llm; "
+            "allowed: stage names that differ in more than case (rename one file)"
+        ])
+    if name == DEFAULT_STAGE and path.name not in files:
+        return parse_stage(DEFAULT_STAGE_DATA, source="embedded default stage")
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as error:
         raise ConfigError([f"{path}: not valid TOML: {error}"]) from None
+    problems = []
+    if data.get("name", name) != name:
+        problems.append(
+            f"{path}: name = {data['name']!r}: must equal the file name {name!r} (a stage is selected by its file "
+            f"name, -c stage={name}); allowed: {name!r}, or leave name out"
+        )
+        data["name"] = name  # the other fields are still checked, all problems at once
     data.setdefault("name", name)
-    return parse_stage(data, source=str(path))
+    try:
+        config = parse_stage(data, source=str(path))
+    except ConfigError as error:
+        problems.extend(error.problems)
+    if problems:
+        raise ConfigError(problems)
+    return config

@@ -1,6 +1,6 @@
 import pytest
 
-from prefix_routing.stage.config import load_stage
+from prefix_routing.stage.config import ENVIRONMENT_MAX_ENTRIES, STACK_ENVIRONMENT_ENTRIES, load_stage
 from stacks.constructs.inference_endpoint import container_environment
 from tests.stacks.conftest import stage_with, synth
 
@@ -92,6 +92,17 @@ def test_container_environment_per_framework(framework, expected):
     # LMI drops vLLM's frontend flag: asking for it would only suggest cached tokens that never come.
     assert ("OPTION_ENABLE_PROMPT_TOKENS_DETAILS" in env) is False
     assert config.model.reports_cached_tokens is (framework == "vllm")
+
+
+@pytest.mark.parametrize("framework", ["vllm", "djl-lmi"])
+def test_the_most_variables_a_stage_may_add_fit_sagemakers_environment_map(framework):
+    """CreateModel takes at most 100 environment variables (botocore's EnvironmentMap): the stage's own
+    bound leaves room for the ones the stack sets."""
+    most = ENVIRONMENT_MAX_ENTRIES - STACK_ENVIRONMENT_ENTRIES
+    config = stage_with(model={"framework": framework, "environment": {f"EXTRA_{i}": "1" for i in range(most)}})
+    env = container_environment(config.model)
+    assert ENVIRONMENT_MAX_ENTRIES == 100 and len(env) <= 100
+    assert len(env) - most <= STACK_ENVIRONMENT_ENTRIES
 
 
 def test_put_metric_data_only_to_sagemaker_container_namespaces(default_templates):
