@@ -57,7 +57,10 @@ class EndpointStack(Stack):
             acknowledge(
                 role,
                 "IAM5",
-                "The model's weights are every object under its configured S3 prefix, and nothing else.",
+                ("The model's weights are every object under its configured S3 prefix, and nothing else."
+                 if config.model.s3_prefix else
+                 "The stage names a whole bucket as the model's weights (model_s3_uri = s3://<bucket>/): every object "
+                 "in it is readable by the endpoint; give the weights a folder of their own to narrow the grant."),
                 f"Resource::arn:<AWS::Partition>:s3:::{config.model.s3_bucket}/{config.model.s3_prefix}*",
             )
         CfnOutput(self, "EndpointName", value=config.endpoint_name)

@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from prefix_routing.stage.config import ENVIRONMENT_MAX_ENTRIES, STACK_ENVIRONMENT_ENTRIES, load_stage
@@ -154,3 +156,16 @@ def test_the_default_stage_serves_with_two_copies_at_rest(default_templates):
     assert variant["ManagedInstanceScaling"]["MinInstanceCount"] >= 2
     (component,) = default_templates["endpoint"].find_resources("AWS::SageMaker::InferenceComponent").values()
     assert component["Properties"]["RuntimeConfig"]["CopyCount"] >= 2
+
+
+def test_a_whole_bucket_of_weights_is_acknowledged_as_such():
+    """s3://<bucket>/ grants every object of the bucket: the acknowledgement must say so, not "its prefix"."""
+    from tests.stacks.conftest import nag_report
+
+    stacks, templates = synth(stage_with(model={"model_id": None, "model_s3_uri": "s3://my-weights/"}))
+    statements = [s for p in templates["endpoint"].find_resources("AWS::IAM::Policy").values()
+                  for s in p["Properties"]["PolicyDocument"]["Statement"] if s["Action"] == "s3:GetObject"]
+    assert statements[0]["Resource"] == {"Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"}, ":s3:::my-weights/*"]]}
+    reasons = {entry.get("suppressionReason") or entry.get("reason") or json.dumps(entry)
+               for entry in nag_report(stacks)["suppressedViolations"] if "s3:::my-weights" in json.dumps(entry)}
+    assert reasons and all("whole bucket" in reason for reason in reasons), reasons
