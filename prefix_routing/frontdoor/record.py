@@ -22,6 +22,13 @@ LOG_ATTEMPTS: Final = "attempts"
 LOG_ERROR_FIELD: Final = "error_field"
 LOG_WALL_MS: Final = "wall_ms"  # arrival to the end of the answer, retries and normalization included
 LOG_UPSTREAM_TTFT_MS: Final = "upstream_ttft_ms"  # the endpoint's own: the attempt's start to its first PayloadPart
+LOG_BLOCK_HASHES_TRUNCATED: Final = "block_hashes_truncated"  # present (true) only when the list was cut
+
+#: The most block hashes one log line carries. CloudWatch Logs drops an event over 256 KB; a hash costs
+#: 19 bytes in the line (16 hex digits, 2 quotes, 1 comma), so 12,288 of them (a 6 MiB body in blocks
+#: of 512 bytes, the smallest the stage allows) take 233,473 bytes and leave room for the rest. A
+#: smaller BLOCK_BYTES set some other way only loses the tail of the list, never the line.
+MAX_LOGGED_BLOCK_HASHES: Final = 12_288
 
 
 @dataclass(slots=True)
@@ -99,7 +106,7 @@ def log_record(record: RequestRecord, config: InvokeConfig) -> dict[str, Any]:
         LOG_BODY_KIND: record.body_kind,
         F.PREFIX_FINGERPRINT: record.fingerprint,
         F.PREFIX_LENGTH: settings.prefix_length,
-        F.BLOCK_HASHES: list(record.block_hashes),
+        F.BLOCK_HASHES: list(record.block_hashes[:MAX_LOGGED_BLOCK_HASHES]),
         F.BLOCK_BYTES: settings.block_bytes,
         F.BODY_BYTES: record.body_bytes,
         F.PROMPT_TOKENS: record.prompt_tokens,
@@ -116,6 +123,8 @@ def log_record(record: RequestRecord, config: InvokeConfig) -> dict[str, Any]:
         LOG_ERROR_FIELD: _loggable_field(record.error_field),
         F.REKEYED: record.rekeyed,
     }
+    if len(record.block_hashes) > MAX_LOGGED_BLOCK_HASHES:
+        line[LOG_BLOCK_HASHES_TRUNCATED] = True
     if record.replicas is not None:  # replication enabled (absent otherwise: the line stays as it was)
         line[telemetry.ReplicaLogField.REPLICA] = record.replica
         line[telemetry.ReplicaLogField.REPLICAS] = record.replicas

@@ -102,3 +102,13 @@ def test_a_rekeyed_request_counts_in_rekeyed_requests_and_says_so_in_its_log_lin
     # Rejected before it was sent: nothing was keyed, whatever its bytes.
     assert frontdoor.emf_document(_record(rekeyed=True, sent=False, origin="client", status=400),
                                   config())["RekeyedRequests"] == [0]
+
+
+def test_a_log_line_never_outgrows_a_cloudwatch_log_event():
+    # 6 MiB in blocks of 64 bytes: 98,304 hashes would make a 1.8 MB line, which CloudWatch Logs drops.
+    hashes = tuple(f"{i:016x}" for i in range(6 * 1024 * 1024 // 64))
+    line = frontdoor.log_record(_record(block_hashes=hashes), config())
+    assert line["block_hashes"] == list(hashes[:12_288]) and line["block_hashes_truncated"] is True
+    assert len(json.dumps(line, separators=(",", ":"))) < 256 * 1024
+    short = frontdoor.log_record(_record(block_hashes=hashes[:3]), config())
+    assert short["block_hashes"] == list(hashes[:3]) and "block_hashes_truncated" not in short
