@@ -121,3 +121,109 @@ def test_the_lab_predicts_the_engines_hit_rates_and_their_order(engines, tmp_pat
     # The demo's comparison in small, measured and predicted alike: prefix-aware keeps the caches.
     assert prefix_row["hit_measured"] > random_row["hit_measured"] + 0.1
     assert prefix_row["hit_predicted"] > random_row["hit_predicted"] + 0.1
+
+
+def _running_binary(pid: int, binary: str) -> bool:
+    """The process ``pid`` exists and still runs ``binary`` (a zombie or a reused pid does not)."""
+    try:
+        return binary in open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace").split("\0")[:2]
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_emulate_engines_stops_the_engines_it_started_on_a_signal(engines, signum):
+    """``emulate --engines 2`` under a service manager: SIGTERM (or Ctrl-C) must not orphan its engines."""
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    from prefix_routing.engines import build
+
+    binary = str(build.binary_path())
+    process = subprocess.Popen([sys.executable, "-m", "prefix_routing", "emulate", "--engines", "2", "--port", "0"],
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        pids = []
+        for line in process.stderr:
+            if line.strip().startswith("model:"):
+                pids = [int(p) for p in re.findall(r"\(pid (\d+)\)", line)]
+                break
+        assert len(pids) == 2 and all(_running_binary(pid, binary) for pid in pids)
+        process.send_signal(getattr(signal, signum))
+        assert process.wait(30) == 0
+        assert f"stopped ({signum})" in process.stderr.read()
+        deadline = time.monotonic() + 10
+        while any(_running_binary(pid, binary) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in pids if _running_binary(pid, binary)], "engines left running"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+        for pid in pids:  # never leave one behind, even when the test fails (by the pids it printed)
+            if _running_binary(pid, binary):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_killed_engine_loses_its_share_and_a_restarted_one_gets_it_back(engines):
+    """Two real engines, one killed: every following request is served by the other (none of the issue's
+    251 failures); a llama-server started again on the dead one's port is routed to again."""
+    import signal
+    import subprocess
+
+    from prefix_routing.engines import build, process
+
+    config = load_stage()
+    with session.local_engines(2, slots=1, cache_ram_mib=40, say=lambda text: None) as pair:
+        server = start_engine_emulator(config, [e.url for e in pair])
+        replacement = None
+        try:
+            client = runtime_client(server)
+            systems = [SYSTEM.replace("librarian", f"keeper of room {i}") for i in range(6)]
+
+            def ask(system: str, question: str) -> dict:
+                body = chat(question, system).replace(b'"stream": true', b'"stream": false')
+                response = client.invoke_endpoint(EndpointName=config.endpoint_name,
+                                                  InferenceComponentName=config.component_name, Body=body)
+                return json.loads(response["Body"].read())
+
+            def engines_status() -> list[dict]:
+                return server.backend.status()["engines"]
+
+            for system in systems:
+                ask(system, "first?")
+            assert all(e["requests"] > 0 for e in engines_status())  # both engines are homes
+            os.kill(pair[0].pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while engines_status()[0]["healthy"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not engines_status()[0]["healthy"]
+            served_before = engines_status()[1]["requests"]
+            answers = [ask(system, "second?") for system in systems]  # none fails
+            assert all(a["usage"]["completion_tokens"] > 0 for a in answers)
+            assert engines_status()[1]["requests"] == served_before + len(systems)
+            # SageMaker replaces the unhealthy copy: a new engine on the same port is taken back.
+            command = process.server_command(build.binary_path(), build.ensure_model(say=lambda text: None),
+                                             pair[0].port, cache_ram_mib=40)
+            replacement = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                           start_new_session=True)
+            deadline = time.monotonic() + 60
+            while not engines_status()[0]["healthy"] and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert engines_status()[0]["healthy"]
+            before = engines_status()[0]["requests"]
+            for system in systems:
+                ask(system, "third?")
+            assert engines_status()[0]["requests"] > before
+            client.close()
+        finally:
+            server.stop()
+            if replacement is not None:  # by the pid this test started
+                replacement.terminate()
+                try:
+                    replacement.wait(10)
+                except subprocess.TimeoutExpired:
+                    replacement.kill()
+                    replacement.wait(10)

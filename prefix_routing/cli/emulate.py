@@ -1,12 +1,26 @@
-"""``python -m prefix_routing emulate``: the stage's endpoint, emulated on 127.0.0.1."""
+"""``python -m prefix_routing emulate``: the stage's endpoint, emulated on 127.0.0.1.
+
+SIGTERM and SIGINT (Ctrl-C) stop it cleanly: the front door and the runtime server stop, and the engines
+``--engines N`` started are ended by their process ids (a signal while they start ends those started so
+far); then it exits with status 0. A second signal while it stops is ignored, so that it cannot cut the
+stopping short and orphan an engine.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
 import sys
+import threading
 import time
 
 from prefix_routing.rules.errors import UserError
+
+MAX_DURATION_S = 30 * 24 * 3600
+ENGINE_SLOTS = (1, 64)
+ENGINE_CONTEXT = (256, 1_048_576)  # tokens, shared by the slots
+ENGINE_CACHE_RAM_MIB = (0, 1_048_576)
 
 HELP = ("serve the SageMaker runtime API on 127.0.0.1 with the stage's routing over the lab's fleet model "
         "or over real engines")
@@ -36,10 +50,64 @@ def add_arguments(parser) -> None:
     parser.add_argument("--front-door", type=int, metavar="PORT",
                         help="also serve the front door (the normalizer function's web app) on this port of 127.0.0.1, "
                              "called as its Function URL is (SigV4; the access key id names the caller)")
-    parser.add_argument("--duration", type=float, help="stop after this many seconds (default: until Ctrl-C)")
+    parser.add_argument("--duration", type=float,
+                        help="stop after this many seconds (default: until SIGTERM or Ctrl-C)")
+
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class _Signalled(BaseException):
+    """SIGTERM or SIGINT arrived: unwind, stopping what was started on the way out."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _Stopper:
+    """The signal handler: raises once, in the main thread; ignored once stopping has begun."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+
+    def __call__(self, signum: int, frame) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        raise _Signalled(signum)
+
+
+_stopper = _Stopper()
+
+
+@contextlib.contextmanager
+def _stop_on_signals():
+    """SIGTERM and SIGINT raise ``_Signalled`` for the length of the block (main thread only), then the
+    previous handlers are back."""
+    global _stopper
+    _stopper = _Stopper()
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, _stopper) for signum in _SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def run(args) -> int:
+    try:
+        with _stop_on_signals():
+            return _run(args)
+    except _Signalled as stop:
+        print(f"stopped ({signal.Signals(stop.signum).name})", file=sys.stderr, flush=True)
+        return 0
+
+
+def _run(args) -> int:
     from prefix_routing.cli.stages import load_stage_arg
     from prefix_routing.emulator.faults import Faults
     from prefix_routing.emulator.fleet_backend import start_emulator
@@ -59,6 +127,9 @@ def run(args) -> int:
             raise UserError(f"{flag} {port}: allowed 0 to 65535")
     if args.front_door is not None and args.front_door != 0 and args.front_door == args.port:
         raise UserError(f"--front-door {args.front_door}: the emulator already listens on that port (--port)")
+    if args.duration is not None and not 0 < args.duration <= MAX_DURATION_S:
+        raise UserError(f"--duration {args.duration:g}: allowed above 0, at most {MAX_DURATION_S} seconds "
+                        "(leave it out to serve until SIGTERM or Ctrl-C)")
     faults = Faults.from_spec(args.faults)
     if args.engines is not None or args.engine_url:
         return _run_on_engines(args, config, faults)
@@ -95,6 +166,11 @@ def _run_on_engines(args, config, faults) -> int:
         return 0
     if not 1 <= args.engines <= 16:
         raise UserError(f"--engines {args.engines}: allowed 1 to 16")
+    for flag, value, (low, high) in (("--engine-slots", args.engine_slots, ENGINE_SLOTS),
+                                     ("--engine-context", args.engine_context, ENGINE_CONTEXT),
+                                     ("--engine-cache-ram", args.engine_cache_ram, ENGINE_CACHE_RAM_MIB)):
+        if value is not None and not low <= value <= high:
+            raise UserError(f"{flag} {value}: allowed {low} to {high}")
     say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     with local_engines(args.engines, slots=args.engine_slots, context=args.engine_context,
                        cache_ram_mib=args.engine_cache_ram, say=say) as engines:
@@ -104,38 +180,39 @@ def _run_on_engines(args, config, faults) -> int:
 
 
 def _serve(args, config, server, model: str) -> None:
-    print(
-        f"emulating {config.endpoint_name} / {config.component_name} ({config.routing.strategy}) at {server.url}\n"
-        f"  model: {model}\n"
-        f"  boto3.client('sagemaker-runtime', endpoint_url='{server.url}', region_name='us-east-1')\n"
-        f"  status: {server.url}/status",
-        file=sys.stderr,
-        flush=True,
-    )
     front_door = None
-    if args.front_door is not None:
-        from prefix_routing.frontdoor.local import LocalFrontDoor
-        from prefix_routing.stage.front_door_env import front_door_environment
-
-        front_door = LocalFrontDoor(server.url, front_door_environment(config), port=args.front_door)
+    try:
         print(
-            f"front door (tenancy {config.normalizer.tenancy}) at {front_door.url}\n"
-            f"  call it as the Function URL: SigV4-signed for service lambda, region us-east-1; the access key id "
-            f"names the caller (arn:aws:iam::000000000000:user/<key id>)\n"
-            f"  a direct invocation as the adapter forwards one: POST {front_door.url}/events with "
-            f"x-amzn-request-context: null",
+            f"emulating {config.endpoint_name} / {config.component_name} ({config.routing.strategy}) at {server.url}\n"
+            f"  model: {model}\n"
+            f"  boto3.client('sagemaker-runtime', endpoint_url='{server.url}', region_name='us-east-1')\n"
+            f"  status: {server.url}/status",
             file=sys.stderr,
             flush=True,
         )
-    try:
+        if args.front_door is not None:
+            from prefix_routing.frontdoor.local import LocalFrontDoor
+            from prefix_routing.stage.front_door_env import front_door_environment
+
+            front_door = LocalFrontDoor(server.url, front_door_environment(config), port=args.front_door)
+            print(
+                f"front door (tenancy {config.normalizer.tenancy}) at {front_door.url}\n"
+                f"  call it as the Function URL: SigV4-signed for service lambda, region us-east-1; the access key id "
+                f"names the caller (arn:aws:iam::000000000000:user/<key id>)\n"
+                f"  a direct invocation as the adapter forwards one: POST {front_door.url}/events with "
+                f"x-amzn-request-context: null",
+                file=sys.stderr,
+                flush=True,
+            )
         if args.duration:
             time.sleep(args.duration)
         else:
             while True:
                 time.sleep(3600)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # SIGINT where no handler of ours is installed (not the main thread)
         pass
     finally:
+        _stopper.stopping = True  # from here on a signal must not cut the stopping short
         if front_door is not None:
             front_door.stop()
         server.stop()

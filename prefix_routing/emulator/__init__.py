@@ -6,9 +6,12 @@ the real runtime as far as botocore can tell (see :mod:`.server`). The modules:
 - the protocol: :mod:`.eventstream` (AWS event-stream framing), :mod:`.protocol` (operations, error
   codes, limits, the parsed request), :mod:`.backend` (what a backend returns), :mod:`.faults`;
 - the server: :mod:`.server` (:class:`RuntimeServer`), :mod:`.handler` with its parts
-  :mod:`.http_io`, :mod:`.sagemaker_wire` and :mod:`.openai_wire`, and :mod:`.recording`;
-- the backends: :mod:`.chat` (OpenAI-style requests and answers), :mod:`.echo_backend`, and
-  :mod:`.fleet_backend`, the lab's fleet model in real time (:func:`start_emulator`).
+  :mod:`.http_io`, :mod:`.sagemaker_wire` and :mod:`.openai_wire`, :mod:`.connections` (how many
+  connections, how long a caller may take) and :mod:`.recording` (a bounded record, exact counts);
+- the backends: :mod:`.chat` (OpenAI-style requests and answers, token limits against the context),
+  :mod:`.echo_backend`, :mod:`.fleet_backend`, the lab's fleet model in real time
+  (:func:`start_emulator`), and :mod:`.engine_backend` with :mod:`.engine_health`, real engines routed
+  among those that pass their health checks.
 
 The emulator imports the rules, the stage and the lab (one fleet model, two clocks), never the load
 tester.

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from prefix_routing.emulator.backend import BackendResponse, ErrorReply
@@ -65,39 +66,104 @@ class ChatRequest:
     body: dict[str, Any]
     prompt_text: str  # all prompt text in order, as a chat template would lay it out ("role: content")
     prompt_words: list[str]  # whitespace-separated words of all prompt text: the stand-in for tokens
-    out_words: list[str]  # the answer: the last user turn's words, repeated to n_out
+    answer_words: list[str]  # the last user turn's words (["ok"] if none): the answer repeats them to n_out
     n_out: int
     finish: str  # "length" when the body set a token limit, else "stop"
     cache_salt: str
+    #: The limit the body asked for (max_completion_tokens, max_tokens or parameters.max_new_tokens), or None.
+    requested: int | None = None
+
+    def out_word(self, i: int) -> str:
+        """Word ``i`` of the answer (the answer is never built whole: n_out may be large)."""
+        return self.answer_words[i % len(self.answer_words)]
+
+
+#: The body fields that bound the answer's length, in vLLM's order of precedence (``max_completion_tokens
+#: or max_tokens``), then the LMI/TGI ``parameters.max_new_tokens``.
+LIMIT_FIELDS = ("max_completion_tokens", "max_tokens", "parameters.max_new_tokens")
+
+
+def _limit(body: dict[str, Any]) -> tuple[str, int] | None:
+    """(field, value) of the body's token limit, each present field checked as vLLM's request model checks
+    it: an integer (a float with no fraction counts, as pydantic's lax mode takes it), at least 1.
+    Raises ValueError naming the field, the value and what is allowed."""
+    parameters = body.get("parameters")
+    values = {"max_completion_tokens": body.get("max_completion_tokens"), "max_tokens": body.get("max_tokens"),
+              "parameters.max_new_tokens": parameters.get("max_new_tokens") if isinstance(parameters, dict) else None}
+    checked: dict[str, int] = {}
+    for name, value in values.items():
+        if value is None:
+            continue
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name}: {json.dumps(value)[:40]} is not an integer; allowed: an integer of at least 1")
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}.")
+        checked[name] = value
+    for name in LIMIT_FIELDS:
+        if name in checked:
+            return name, checked[name]
+    return None
 
 
 def parse_chat_request(request: RuntimeRequest, *, default_max_tokens: int) -> ChatRequest | ErrorReply:
-    """Parse the body as a container would; a body it cannot serve gets ``ModelError`` (original 400)."""
+    """Parse the body as a container would; a body it cannot serve gets ``ModelError`` (original 400).
+
+    A token limit that is not an integer of at least 1 is such a body. The limit is not checked against
+    the model's context here (the prompt's token count is the backend's): see :func:`context_error`.
+    Nothing here grows with the limit."""
     try:
         body = request.json()
         everything, last_user = _prompt_text(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        message = json.dumps({"object": "error", "message": str(exc), "type": "BadRequestError", "code": 400})
-        return ErrorReply(
-            "ModelError",
-            f'Received client error (400) from primary with message "{message}".',
-            original_status_code=400,
-            original_message=message,
-            log_stream_arn=_log_stream_arn(request.endpoint_name),
-        )
-    limit = body.get("max_tokens") or body.get("max_completion_tokens")
-    if limit is None and isinstance(body.get("parameters"), dict):
-        limit = body["parameters"].get("max_new_tokens")
-    n_out = limit if isinstance(limit, int) and limit > 0 else default_max_tokens
-    words = _WORD_RE.findall(last_user) or ["ok"]
+        limit = _limit(body)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        return client_error(request, str(exc))
+    requested = limit[1] if limit else None
+    n_out = requested if requested is not None else default_max_tokens
     return ChatRequest(
         body=body,
         prompt_text=everything,
         prompt_words=_WORD_RE.findall(everything),
-        out_words=[words[i % len(words)] for i in range(n_out)],
+        answer_words=_WORD_RE.findall(last_user) or ["ok"],
         n_out=n_out,
-        finish="length" if isinstance(limit, int) and limit > 0 else "stop",
+        finish="length" if requested is not None else "stop",
         cache_salt=body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else "",
+        requested=requested,
+    )
+
+
+def within_context(request: RuntimeRequest, chat: ChatRequest, prompt_tokens: int, context_tokens: int
+                   ) -> ChatRequest | ErrorReply:
+    """``chat`` if it fits the model's context (``max_model_len``), else vLLM's refusal as SageMaker
+    passes it on: ``ModelError`` 424 with ``OriginalStatusCode`` 400 and vLLM's own words. Without a
+    limit in the body vLLM checks the prompt alone (and would answer up to the context): the default
+    answer is then cut where the context ends. (The words are vLLM's ``_validate_input``, 0.6 to 0.9:
+    vllm-project/vllm#20409 quotes the first message; the prompt-alone one is from its source, unconfirmed
+    against a live endpoint.)"""
+    if chat.requested is None:
+        if prompt_tokens >= context_tokens:
+            return client_error(request, f"This model's maximum context length is {context_tokens} tokens. However, "
+                                         f"you requested {prompt_tokens} tokens in the messages, Please reduce the "
+                                         "length of the messages.")
+        return replace(chat, n_out=min(chat.n_out, context_tokens - prompt_tokens))
+    if prompt_tokens + chat.requested > context_tokens:
+        return client_error(request, f"This model's maximum context length is {context_tokens} tokens. However, you "
+                                     f"requested {prompt_tokens + chat.requested} tokens ({prompt_tokens} in the "
+                                     f"messages, {chat.requested} in the completion). Please reduce the length of "
+                                     "the messages or completion.")
+    return chat
+
+
+def client_error(request: RuntimeRequest, text: str) -> ErrorReply:
+    """``ModelError`` for a body the container refuses with 400, its body vLLM's error object."""
+    message = json.dumps({"object": "error", "message": text, "type": "BadRequestError", "param": None, "code": 400})
+    return ErrorReply(
+        "ModelError",
+        f'Received client error (400) from primary with message "{message}".',
+        original_status_code=400,
+        original_message=message,
+        log_stream_arn=_log_stream_arn(request.endpoint_name),
     )
 
 
@@ -137,11 +203,12 @@ def chat_response(
             return sse_event(obj)
         return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
 
+    n_out = chat.n_out
+
     def groups() -> Iterator[tuple[int, str]]:
-        words = chat.out_words
-        yield 0, words[0]
-        for start in range(1, len(words), tokens_per_chunk):
-            yield start, "".join(" " + w for w in words[start : start + tokens_per_chunk])
+        yield 0, chat.out_word(0)
+        for start in range(1, n_out, tokens_per_chunk):
+            yield start, "".join(" " + chat.out_word(i) for i in range(start, min(n_out, start + tokens_per_chunk)))
 
     def streamed() -> Iterator[bytes]:
         try:
@@ -150,7 +217,7 @@ def chat_response(
                 delta: dict[str, Any] = {"content": text}
                 if i == 0:
                     delta = {"role": "assistant", **delta}
-                finish = chat.finish if i + (1 if i == 0 else tokens_per_chunk) >= len(chat.out_words) else None
+                finish = chat.finish if i + (1 if i == 0 else tokens_per_chunk) >= n_out else None
                 yield frame({**head, "object": "chat.completion.chunk",
                              "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
             yield frame({**head, "object": "chat.completion.chunk", "choices": [], "usage": usage})
@@ -163,7 +230,7 @@ def chat_response(
     def whole() -> Iterator[bytes]:
         try:
             time.sleep(whole_delay)
-            message = {"role": "assistant", "content": " ".join(chat.out_words)}
+            message = {"role": "assistant", "content": " ".join(chat.out_word(i) for i in range(n_out))}
             yield json.dumps(
                 {**head, "object": "chat.completion",
                  "choices": [{"index": 0, "message": message, "finish_reason": chat.finish}], "usage": usage},

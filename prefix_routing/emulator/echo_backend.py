@@ -9,8 +9,10 @@ from collections import Counter, OrderedDict
 from typing import Any
 
 from prefix_routing.emulator.backend import BackendResponse, ErrorReply
-from prefix_routing.emulator.chat import chat_response, parse_chat_request
+from prefix_routing.emulator.chat import chat_response, parse_chat_request, within_context
 from prefix_routing.emulator.protocol import RuntimeRequest
+
+DEFAULT_CONTEXT_TOKENS = 131_072  # Llama 3.1's context window: words stand in for tokens
 
 
 class EchoBackend:
@@ -32,8 +34,9 @@ class EchoBackend:
     - Latency: ``first_chunk_delay`` before the first chunk, ``token_delay`` before each next one (a
       non-streamed answer sleeps the sum). ``max_tokens`` (or ``max_completion_tokens``,
       ``parameters.max_new_tokens``) from the body, else the backend's ``max_tokens``.
-    - A body without ``messages``/``prompt``/``inputs`` gets ``ModelError`` with
-      ``OriginalStatusCode`` 400, as a container rejecting it would.
+    - A body without ``messages``/``prompt``/``inputs``, or with a token limit that is no integer of
+      at least 1, gets ``ModelError`` with ``OriginalStatusCode`` 400, as a container rejecting it
+      would; so does one whose prompt words plus limit exceed ``context_tokens`` (vLLM's words).
     """
 
     def __init__(
@@ -47,7 +50,10 @@ class EchoBackend:
         block_tokens: int = 16,
         cache_blocks: int = 100_000,
         variant: str | None = None,
+        context_tokens: int = DEFAULT_CONTEXT_TOKENS,
     ):
+        if not isinstance(context_tokens, int) or context_tokens < 1:
+            raise ValueError("context_tokens must be a positive integer")
         if stream_format not in ("sse", "jsonl"):
             raise ValueError("stream_format must be 'sse' or 'jsonl'")
         self.first_chunk_delay = first_chunk_delay
@@ -58,6 +64,7 @@ class EchoBackend:
         self.block_tokens = block_tokens
         self.cache_blocks = cache_blocks
         self.variant = variant
+        self.context_tokens = context_tokens
         self._lock = threading.Lock()
         self._cache: OrderedDict[bytes, None] = OrderedDict()
         self._totals = Counter()
@@ -93,6 +100,9 @@ class EchoBackend:
 
     def handle(self, request: RuntimeRequest) -> BackendResponse | ErrorReply:
         chat = parse_chat_request(request, default_max_tokens=self.max_tokens)
+        if isinstance(chat, ErrorReply):
+            return chat
+        chat = within_context(request, chat, len(chat.prompt_words), self.context_tokens)
         if isinstance(chat, ErrorReply):
             return chat
         cached = self._cached_tokens(chat.prompt_words, chat.cache_salt)

@@ -17,7 +17,13 @@ its context is full). Chat bodies go to ``/v1/chat/completions``; ``prompt``/``i
 event on the streaming call, one chat-completion JSON (with the engine's usage) on
 ``InvokeEndpoint``. An engine that cannot be reached or answers an error before streaming is a
 ``ModelError`` (424, with its status as ``OriginalStatusCode``); one that fails mid-stream is a
-``ModelStreamError`` event. ``status()`` gives per-engine requests, in flight, prompt and cached tokens.
+``ModelStreamError`` event. ``status()`` gives per-engine requests, in flight, prompt and cached tokens,
+and health.
+
+Each engine is health-checked (:mod:`prefix_routing.emulator.engine_health`: ``GET /health``, and every
+request that cannot connect): the router routes among the engines up only, as SageMaker stops routing
+to a copy that fails its checks, and takes an engine back once it answers again. With every engine down
+a request gets the no-capacity ``ValidationError`` the fleet backend answers when no copy serves.
 """
 
 from __future__ import annotations
@@ -29,11 +35,13 @@ import statistics
 import threading
 import time
 import urllib.parse
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from prefix_routing.emulator.backend import BackendResponse, ErrorReply, StreamFailure
+from prefix_routing.emulator.engine_health import EngineHealth
 from prefix_routing.emulator.protocol import OP_CHAT_COMPLETIONS, RuntimeRequest, _log_stream_arn
 from prefix_routing.lab.routing import Router, Strategy
 from prefix_routing.rules.errors import UserError
@@ -42,6 +50,10 @@ from prefix_routing.rules.stream_usage import with_include_usage
 
 DEFAULT_MAX_TOKENS = 16
 FIRST_BYTE_TIMEOUT_S = 60.0  # aws-facts.md: the container must answer within 60 s
+MAX_ENGINES = 64
+TTFT_WINDOW = 10_000  # TTFTs kept per engine (the latest) for its median
+#: What the fleet backend answers when no copy serves (its exact body on SageMaker is unconfirmed).
+NO_CAPACITY = "Inference Component has no capacity to process this request."
 
 
 @dataclass
@@ -55,7 +67,7 @@ class EngineStats:
     spills_in: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
-    ttfts_s: list[float] = field(default_factory=list)
+    ttfts_s: deque[float] = field(default_factory=lambda: deque(maxlen=TTFT_WINDOW))
 
     def as_dict(self) -> dict[str, Any]:
         ttfts = sorted(self.ttfts_s)
@@ -105,9 +117,14 @@ class EngineBackend:
         component_name: str | None = None,
         seed: int = 0,
         timeout_s: float = FIRST_BYTE_TIMEOUT_S,
+        health_interval_s: float | None = 1.0,
+        health_timeout_s: float = 2.0,
+        unhealthy_after: int = 2,
     ):
         if not engine_urls:
             raise UserError("engines: at least one engine URL is needed")
+        if len(engine_urls) > MAX_ENGINES:
+            raise UserError(f"engines: {len(engine_urls)} engine URLs; allowed at most {MAX_ENGINES}")
         self.urls = [_check_url(url) for url in engine_urls]
         self.router = Router(strategy, len(self.urls), concurrency_threshold=concurrency_threshold, seed=seed)
         if self.router.strategy is Strategy.KV_AWARE:
@@ -118,6 +135,22 @@ class EngineBackend:
         self.timeout_s = timeout_s
         self.stats = [EngineStats(url) for url in self.urls]
         self._lock = threading.Lock()
+        #: ``health_interval_s=None``: no checking threads (a failed connect still takes an engine out;
+        #: ``health.check_all()`` brings it back).
+        self.health = EngineHealth(self.urls, interval_s=1.0 if health_interval_s is None else health_interval_s,
+                                   timeout_s=health_timeout_s,
+                                   unhealthy_after=unhealthy_after, on_change=self._route_among)
+        if health_interval_s is not None:
+            self.health.start()
+
+    def _route_among(self, up: list[int]) -> None:
+        """The router sees the engines up only (all of them: its plain choice, the lab's homes)."""
+        with self._lock:
+            self.router.set_active(None if len(up) == len(self.urls) else up)
+
+    def close(self) -> None:
+        """Stop the health checks (the server calls it when it stops)."""
+        self.health.close()
 
     def _route(self, request: RuntimeRequest, data: dict[str, Any]) -> tuple[int, bool]:
         if request.operation == OP_CHAT_COMPLETIONS:
@@ -129,6 +162,8 @@ class EngineBackend:
         key = key if routing_id is None else (routing_id, key)
         with self._lock:
             g, spilled = self.router.choose(key, [s.in_flight for s in self.stats])
+            if g < 0:  # every engine down
+                return g, False
             stats = self.stats[g]
             stats.requests += 1
             stats.in_flight += 1
@@ -159,11 +194,19 @@ class EngineBackend:
         except (ValueError, UnicodeDecodeError) as exc:
             return _client_error(request, str(exc))
         g, _ = self._route(request, data)
+        if g < 0:
+            return ErrorReply("ValidationError", NO_CAPACITY)
         try:
-            connection, response = self._open(self.urls[g], path, body)
+            connection = self._connect(self.urls[g])
         except OSError as exc:
             self._done(g, error=True)
+            self.health.connect_failed(g, f"{type(exc).__name__}: {exc}")
             return _engine_error(request, 502, f"engine {self.urls[g]} unreachable: {exc}")
+        try:
+            response = self._send(connection, self.urls[g], path, body)
+        except (OSError, http.client.HTTPException) as exc:
+            self._done(g, error=True)
+            return _engine_error(request, 502, f"engine {self.urls[g]} failed: {exc}")
         if response.status != 200:
             text = response.read().decode("utf-8", "replace")[:1000]
             connection.close()
@@ -180,13 +223,23 @@ class EngineBackend:
                                invoked_variant=request.headers.target_variant or None,
                                custom_attributes=request.headers.custom_attributes)
 
-    def _open(self, url: str, path: str, body: dict) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    def _connect(self, url: str) -> http.client.HTTPConnection:
         parts = urllib.parse.urlsplit(url)
         connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=self.timeout_s)
         try:
-            connection.request("POST", parts.path.rstrip("/") + path, json.dumps(body).encode("utf-8"),
+            connection.connect()
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    def _send(self, connection: http.client.HTTPConnection, url: str, path: str,
+              body: dict) -> http.client.HTTPResponse:
+        try:
+            connection.request("POST", urllib.parse.urlsplit(url).path.rstrip("/") + path,
+                               json.dumps(body).encode("utf-8"),
                                {"Content-Type": "application/json", "Accept": "text/event-stream"})
-            return connection, connection.getresponse()
+            return connection.getresponse()
         except BaseException:
             connection.close()
             raise
@@ -226,12 +279,16 @@ class EngineBackend:
     def status(self) -> dict[str, Any]:
         with self._lock:
             engines = [s.as_dict() for s in self.stats]
+        for g, engine in enumerate(engines):
+            engine["health"] = self.health.status(g)
+            engine["healthy"] = engine["health"]["healthy"]
         prompt = sum(e["prompt_tokens"] for e in engines)
         return {
             "strategy": self.router.strategy.value,
             "prefix_length": self.prefix_length,
             "concurrency_threshold": self.router.threshold,
             "requests": sum(e["requests"] for e in engines),
+            "engines_healthy": sum(e["healthy"] for e in engines),
             "hit_rate": sum(e["cached_tokens"] for e in engines) / prompt if prompt else None,
             "engines": engines,
         }
@@ -327,7 +384,11 @@ def start_engine_emulator(config, engine_urls: Sequence[str], *, port: int = 0, 
         component_name=config.component_name,
         seed=seed,
     )
-    server = RuntimeServer(backend, port=port, faults=faults, endpoints=[config.endpoint_name],
-                           record_bodies=record_bodies)
+    try:
+        server = RuntimeServer(backend, port=port, faults=faults, endpoints=[config.endpoint_name],
+                               record_bodies=record_bodies, require_component=True)
+    except BaseException:
+        backend.close()
+        raise
     server.start()
     return server

@@ -9,6 +9,8 @@ from typing import Any
 from prefix_routing.emulator.protocol import ERROR_STATUS, STREAM_ERROR_KINDS
 from prefix_routing.rules.errors import UserError
 
+MAX_FIRST_CHUNK_DELAY_S = 3600
+
 
 @dataclass(frozen=True)
 class Faults:
@@ -63,8 +65,9 @@ class Faults:
                 raise UserError(f"fault {f.name}={value}: must be between 0 and 1")
             if f.name.endswith(("_first", "_after", "_bytes")) and value is not None and value < 0:
                 raise UserError(f"fault {f.name}={value}: must be >= 0")
-        if self.first_chunk_delay < 0:
-            raise UserError(f"fault first_chunk_delay={self.first_chunk_delay}: must be >= 0")
+        if not 0 <= self.first_chunk_delay <= MAX_FIRST_CHUNK_DELAY_S:  # NaN fails both
+            raise UserError(f"fault first_chunk_delay={self.first_chunk_delay}: allowed 0 to "
+                            f"{MAX_FIRST_CHUNK_DELAY_S} seconds")
         if self.error_kind not in ERROR_STATUS:
             raise UserError(f"fault error_kind={self.error_kind!r}: one of {', '.join(ERROR_STATUS)}")
         if self.stream_error_kind not in STREAM_ERROR_KINDS:

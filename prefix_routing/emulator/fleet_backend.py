@@ -17,6 +17,12 @@ the text change both, as on a real endpoint.
 Settings come from the same stage configuration the stacks deploy: strategy, PrefixLength,
 ConcurrencyThreshold, instance type and the maximum instance count, copies per instance, and the
 model (mapped to a lab preset).
+
+A request longer than the model's context (prompt tokens plus ``max_completion_tokens``,
+``max_tokens`` or ``parameters.max_new_tokens``; :func:`context_tokens` of the preset) gets vLLM's own
+refusal as SageMaker passes it on (``ModelError`` 424, ``OriginalStatusCode`` 400), and a limit that
+is no integer of at least 1 a 400 likewise: nothing the model does grows with a number from the body.
+What the backend remembers per request (``served``) is the latest ``SERVED_LIMIT``; its totals are exact.
 """
 
 from __future__ import annotations
@@ -25,11 +31,12 @@ import hashlib
 import math
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 from prefix_routing.emulator.backend import BackendResponse, ErrorReply
-from prefix_routing.emulator.chat import chat_response, parse_chat_request
+from prefix_routing.emulator.chat import chat_response, parse_chat_request, within_context
 from prefix_routing.emulator.protocol import OP_CHAT_COMPLETIONS, RuntimeRequest
 from prefix_routing.lab.fleet import Fleet, Request
 from prefix_routing.lab.fleet_config import FleetConfig
@@ -43,6 +50,21 @@ from prefix_routing.stage.presets import Preset
 
 BYTES_PER_TOKEN = 4.0
 BLOCK_BYTES = 64  # 16 tokens: vLLM's KV block (and the size of a SHA-512 digest, the salt block)
+SERVED_LIMIT = 10_000  # requests remembered one by one (``served``); the totals count every request
+
+#: The models' own context windows in tokens (``max_position_embeddings`` of their config.json).
+#: (Belongs with the model shapes in ``stage/presets.py``; kept here until ``Model`` has the field.)
+MODEL_CONTEXT_TOKENS = {"Llama 3.1 8B": 131_072, "Llama 3.1 70B": 131_072, "Qwen3-32B": 40_960}
+
+
+def context_tokens(preset: Preset) -> int:
+    """The longest request (prompt plus answer) one copy serves: vLLM's ``max_model_len``, the model's
+    own window but no more than the copy's KV cache holds (vLLM refuses to start otherwise); for a
+    preset measured on llama.cpp (its slots given), one slot's share of the context (``-c / -np``)."""
+    kv = max(1, preset.kv_tokens)
+    if preset.max_num_seqs_override is not None and preset.model.name not in MODEL_CONTEXT_TOKENS:
+        return max(1, kv // preset.max_num_seqs_override)
+    return min(MODEL_CONTEXT_TOKENS.get(preset.model.name, kv), kv)
 
 
 def fleet_config_for_stage(
@@ -101,7 +123,10 @@ class FleetBackend:
         self._clock = clock
         self._t0 = clock()
         self._lock = threading.Lock()  # the fleet is not thread-safe; the server is threaded
-        self.served: dict[str, _Served] = {}
+        self.context_tokens = context_tokens(fleet_config.preset)
+        #: The latest ``SERVED_LIMIT`` requests served, by request id (older ones: in the totals only).
+        self.served: OrderedDict[str, _Served] = OrderedDict()
+        self._totals = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "spills": 0}
 
     def _now(self) -> float:
         """Model time: wall seconds since start × speed."""
@@ -129,6 +154,9 @@ class FleetBackend:
             return chat
         prompt = chat.prompt_text.encode("utf-8")
         prompt_tokens = max(1, math.ceil(len(prompt) / BYTES_PER_TOKEN))
+        chat = within_context(request, chat, prompt_tokens, self.context_tokens)
+        if isinstance(chat, ErrorReply):
+            return chat
         if request.operation == OP_CHAT_COMPLETIONS:
             # The OpenAI-compatible path routes on the messages' text and prompt_cache_key.
             key = hashlib.sha256(routing_prefix(chat.body, self.config.prefix_length).encode("utf-8")).digest()
@@ -154,7 +182,7 @@ class FleetBackend:
                 # NoCapacityInvocationFailures; the exact error body is unconfirmed (an assumption).
                 return ErrorReply("ValidationError", "Inference Component has no capacity to process this request.")
             cached = int(min(placement.cached_tokens, prompt_tokens))
-            self.served[request.request_id] = _Served(
+            self._remember(_Served(
                 request.request_id,
                 placement.instance,
                 placement.copy,
@@ -162,7 +190,7 @@ class FleetBackend:
                 cached,
                 placement.ttft_s / self.speed,
                 placement.spilled,
-            )
+            ))
         if placement.timed_out:
             self._release(placement)
             return ErrorReply(
@@ -199,6 +227,17 @@ class FleetBackend:
             tokens_per_chunk=max(1, math.ceil(0.005 / max(placement.per_token_s / self.speed, 1e-9))),
         )
 
+    def _remember(self, served: _Served) -> None:
+        """(Under the lock.) Keep ``served`` in the window and in the totals."""
+        self.served[served.request_id] = served
+        while len(self.served) > SERVED_LIMIT:
+            self.served.popitem(last=False)
+        totals = self._totals
+        totals["requests"] += 1
+        totals["prompt_tokens"] += served.prompt_tokens
+        totals["cached_tokens"] += served.cached_tokens
+        totals["spills"] += served.spilled
+
     def _release(self, placement) -> None:
         with self._lock:
             self.fleet.release(placement, self._now())
@@ -207,9 +246,10 @@ class FleetBackend:
         with self._lock:
             self.fleet.advance(self._now())
             instances = self.fleet.instance_totals()
-        served = list(self.served.values())
-        prompt = sum(s.prompt_tokens for s in served)
-        ttfts = sorted(s.ttft_s * self.speed for s in served)  # model seconds
+            served = list(self.served.values())
+            totals = dict(self._totals)
+        prompt = totals["prompt_tokens"]
+        ttfts = sorted(s.ttft_s * self.speed for s in served)  # model seconds, the latest SERVED_LIMIT requests
         return {
             "ttft_p50_s": _quantile(ttfts, 0.5),
             "ttft_p90_s": _quantile(ttfts, 0.9),
@@ -218,9 +258,10 @@ class FleetBackend:
             "concurrency_threshold": self.config.concurrency_threshold,
             "preset": self.config.preset.name,
             "speed": self.speed,
-            "requests": len(served),
-            "hit_rate": (sum(s.cached_tokens for s in served) / prompt) if prompt else None,
-            "spills": sum(s.spilled for s in served),
+            "context_tokens": self.context_tokens,
+            "requests": totals["requests"],
+            "hit_rate": (totals["cached_tokens"] / prompt) if prompt else None,
+            "spills": totals["spills"],
             "instances": instances,
             **({"copies": self._copies_now()} if self.fleet.pool is not None else {}),
         }
@@ -267,7 +308,8 @@ def start_emulator(
             raise UserError(f"slow instance {instance}: the fleet has instances 0..{backend.config.instances - 1}")
         backend.set_slow_instance(instance, factor)
     server = RuntimeServer(
-        backend, port=port, faults=faults, endpoints=[config.endpoint_name], record_bodies=record_bodies
+        backend, port=port, faults=faults, endpoints=[config.endpoint_name], record_bodies=record_bodies,
+        require_component=True,
     )
     server.start()
     return server

@@ -1,4 +1,8 @@
-"""The HTTP handler: one request in, checked, routed to the SageMaker or the OpenAI-style wire, with faults applied."""
+"""The HTTP handler: one request in, checked, routed to the SageMaker or the OpenAI-style wire, with faults applied.
+
+Every method answers JSON: ``GET /ping`` and ``GET /status``, ``POST`` to the runtime's paths; any other
+path or method is 404 ``UnknownOperationException`` (AWS's rest-json services route by method and path
+together, so an unknown method is an unknown operation)."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from urllib.parse import unquote, urlsplit
 
 from prefix_routing.emulator.backend import BackendResponse, ErrorReply
 from prefix_routing.emulator.faults import _Plan
-from prefix_routing.emulator.http_io import HttpIO, _Disconnected
+from prefix_routing.emulator.http_io import HttpIO, _BadRequest, _Disconnected, _TimedOut, _TooLarge
 from prefix_routing.emulator.openai_wire import OpenAIWire
 from prefix_routing.emulator.protocol import (
     _COMPONENT_RE,
@@ -30,12 +34,20 @@ from prefix_routing.emulator.protocol import (
 from prefix_routing.emulator.recording import RecordedRequest
 from prefix_routing.emulator.sagemaker_wire import SageMakerWire
 
+#: SageMaker's answer to an invocation of an inference-component endpoint without
+#: ``InferenceComponentName`` (``ValidationError``, 400), as callers quote it (e.g.
+#: aws-samples/amazon-kendra-langchain-extensions#64, garystafford/llm-langchain-sql-demo#1).
+COMPONENT_REQUIRED = ("Inference Component Name header is required for endpoints to which you plan to deploy "
+                      "inference components. Please include Inference Component Name header or consider using "
+                      "SageMaker models.")
+
 
 class _Handler(SageMakerWire, OpenAIWire, HttpIO):
     """Dispatch by path: health, the SageMaker operations, the OpenAI-style routes."""
 
     # -- GET
     def do_GET(self) -> None:
+        self._answering()
         path = urlsplit(self.path).path
         if path == "/ping":
             self._simple(200, b"", "text/plain")
@@ -50,8 +62,21 @@ class _Handler(SageMakerWire, OpenAIWire, HttpIO):
     def do_POST(self) -> None:
         path = urlsplit(self.path).path
         routed = _route(path)
+        try:
+            body = self._read_body()
+        except _BadRequest as bad:
+            self._json_error(400, str(bad))
+            return
+        except _TooLarge:
+            self._json_error(413, "Request entity too large")
+            return
+        except _TimedOut:
+            self._timed_out()
+            return
+        except _Disconnected:
+            self.close_connection = True
+            return
         if routed is None:
-            self._read_body()
             self._simple(
                 404,
                 b'{"message":"Unknown operation"}',
@@ -60,11 +85,6 @@ class _Handler(SageMakerWire, OpenAIWire, HttpIO):
             )
             return
         match, operation = routed
-        body = self._read_body()
-        if body is None:
-            self.close_connection = True
-            self._simple(413, b'{"message":"Request entity too large"}', "application/json")
-            return
         endpoint = unquote(match.group(1))
         stream = operation == OP_INVOKE_STREAM
         openai_body: Any = None
@@ -129,6 +149,8 @@ class _Handler(SageMakerWire, OpenAIWire, HttpIO):
             return "Value at 'sessionId' failed to satisfy constraint"
         if self.server.endpoints is not None and name not in self.server.endpoints:
             return f"Endpoint {name} of account 000000000000 not found."
+        if self.server.require_component and not h.inference_component:
+            return COMPONENT_REQUIRED
         return None
 
     def _before_backend(self, request: RuntimeRequest, record: RecordedRequest, plan: _Plan) -> ErrorReply | None:

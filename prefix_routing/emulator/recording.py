@@ -1,10 +1,20 @@
-"""What the server records of each request, for tests and the load tester's cross-checks."""
+"""What the server records of each request, for tests and the load tester's cross-checks: a bounded window of
+the latest requests (bodies within a byte budget) and exact counts of every request since the start."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter, deque
+from dataclasses import dataclass, replace
 
 from prefix_routing.emulator.protocol import RequestHeaders, RuntimeRequest
+from prefix_routing.rules.errors import UserError
+
+#: Requests kept in the window by default (the latest; older ones are forgotten, their counts kept).
+DEFAULT_RECORD_LIMIT = 10_000
+#: Bytes of request bodies kept by default: the latest bodies that fit; older records keep ``b""``.
+DEFAULT_RECORD_BODY_BYTES = 32 * 1024 * 1024
+RECORD_LIMIT_RANGE = (1, 1_000_000)
+RECORD_BODY_BYTES_RANGE = (0, 1024 * 1024 * 1024)
 
 
 @dataclass
@@ -26,6 +36,10 @@ class RecordedRequest:
     headers_sent_at: float | None = None
     first_chunk_at: float | None = None
     finished_at: float | None = None
+    #: False when the body was not kept (``record_bodies=False``, or it fell out of the byte budget):
+    #: ``body`` is then ``b""`` and ``body_length`` still says how long it was.
+    body_recorded: bool = True
+    body_length: int = 0
 
     @property
     def operation(self) -> str:
@@ -51,3 +65,85 @@ class RecordedRequest:
     @property
     def duration(self) -> float | None:
         return None if self.finished_at is None else self.finished_at - self.request.arrival
+
+    def _drop_body(self) -> None:
+        self.request = replace(self.request, body=b"")
+        self.body_recorded = False
+
+
+class RequestLog:
+    """The latest ``limit`` records, the bodies of the latest within ``body_bytes``, and exact counts.
+
+    Not thread-safe: the server calls it under its own lock. Counts (requests, outcomes) cover every
+    request since the start or the last :meth:`clear`, however many the window has forgotten.
+    """
+
+    def __init__(self, *, limit: int = DEFAULT_RECORD_LIMIT, body_bytes: int = DEFAULT_RECORD_BODY_BYTES,
+                 record_bodies: bool = True):
+        _check_range("record_limit", limit, RECORD_LIMIT_RANGE)
+        _check_range("record_body_bytes", body_bytes, RECORD_BODY_BYTES_RANGE)
+        self.limit = limit
+        self.body_bytes = body_bytes if record_bodies else 0
+        self._records: deque[RecordedRequest] = deque(maxlen=limit)
+        self._bodied: deque[RecordedRequest] = deque()  # records holding a body, oldest first
+        self._held = 0  # bytes of bodies held
+        self._total = 0
+        self._outcomes: Counter[str] = Counter()
+        self._pending: set[int] = set()  # id() of records admitted since the last clear, not finished
+
+    def admit(self, request: RuntimeRequest) -> RecordedRequest:
+        size = len(request.body)
+        record = RecordedRequest(request, body_length=size)
+        if len(self._records) == self.limit and self._bodied and self._bodied[0] is self._records[0]:
+            self._held -= len(self._bodied.popleft().body)  # about to leave the window
+        if 0 < size <= self.body_bytes:
+            self._bodied.append(record)
+            self._held += size
+            while self._held > self.body_bytes:
+                oldest = self._bodied.popleft()
+                self._held -= len(oldest.body)
+                oldest._drop_body()
+        elif size:
+            record._drop_body()
+        self._records.append(record)
+        self._total += 1
+        self._pending.add(id(record))
+        return record
+
+    def finish(self, record: RecordedRequest) -> None:
+        """Count ``record``'s outcome (set by the caller), unless it was admitted before a clear."""
+        if id(record) in self._pending:
+            self._pending.discard(id(record))
+            self._outcomes[record.outcome] += 1
+
+    def snapshot(self) -> list[RecordedRequest]:
+        return list(self._records)
+
+    def clear(self) -> None:
+        self._records.clear()
+        self._bodied.clear()
+        self._held = 0
+        self._total = 0
+        self._outcomes.clear()
+        self._pending.clear()
+
+    @property
+    def total(self) -> int:
+        """Requests admitted since the start or the last clear (the window may hold fewer)."""
+        return self._total
+
+    def outcome_counts(self) -> dict[str, int]:
+        counts = dict(self._outcomes)
+        if self._pending:
+            counts["pending"] = len(self._pending)
+        return counts
+
+    def window(self) -> dict[str, int]:
+        return {"records": len(self._records), "limit": self.limit, "bodies": len(self._bodied),
+                "body_bytes": self._held, "body_bytes_limit": self.body_bytes}
+
+
+def _check_range(name: str, value: int, allowed: tuple[int, int]) -> None:
+    low, high = allowed
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise UserError(f"{name}={value!r}: allowed an integer from {low} to {high}")

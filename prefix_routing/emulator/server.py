@@ -40,15 +40,27 @@ What it implements (paths and headers from botocore's service model ``runtime.sa
   HTTP status of the error (throttling 429). A mid-stream error is an SSE event
   ``data: {"error": ...}`` and the stream ends without ``data: [DONE]``. (SageMaker's exact error
   bodies on this path are unconfirmed; these follow OpenAI's.)
-- ``GET /ping`` (200) and ``GET /status`` (JSON: counts by outcome, plus the backend's ``status()``
-  when it has one).
+- ``GET /ping`` (200) and ``GET /status`` (JSON: requests and counts by outcome since the start, the
+  record's window, the connections open, refused and timed out, plus the backend's ``status()`` when it
+  has one: the engine backend's includes each engine's health).
 - Fault injection (:class:`Faults`): throttle the first K requests or a seeded fraction, a 5xx (or any
   error kind) for the first K or a fraction, a mid-stream ``ModelStreamError`` (or
   ``InternalStreamFailure``) after M chunks, a slow first chunk, a stream that ends early and cleanly
   (a truncated answer: the final usage chunk never comes), a dropped connection after M chunks, and
   payload parts split into small fragments.
-- A thread-safe record of every request (:class:`RecordedRequest`): operation, endpoint, every header
-  as a named field, body, outcome, injected fault, chunks sent, server-side timings (TTFT).
+- A thread-safe record of the latest requests (:class:`RecordedRequest`, by default the last 10,000,
+  bodies within 32 MiB): operation, endpoint, every header as a named field, body, outcome, injected
+  fault, chunks sent, server-side timings (TTFT); counts by outcome cover every request however many
+  the window has forgotten (``status()``, ``outcome_counts()``).
+- An inference-component endpoint (``require_component=True``, what ``start_emulator`` and
+  ``start_engine_emulator`` serve) refuses an invocation without ``InferenceComponentName`` with
+  SageMaker's ``ValidationError``; a server without a component (the echo backend in tests) accepts it.
+- Hostile or failing callers are bounded (:mod:`prefix_routing.emulator.connections`): at most
+  ``max_connections`` open connections (503 beyond), a kept-alive connection closed after
+  ``idle_timeout_s`` without a request, a request's headers and body within ``request_timeout_s`` of its
+  request line (408 and closed otherwise), a caller that stops reading dropped after ``send_timeout_s``;
+  a bad ``Content-Length`` or chunk is 400, a body over 64 MiB 413; any other method or path is 404
+  ``UnknownOperationException``, in JSON like every answer.
 
 What a boto3 caller sees for each fault (checked by the tests): throttling → ``ClientError`` code
 ``ThrottlingException``; an error kind → ``client.exceptions.<Kind>`` (or a plain ``ClientError`` on
@@ -78,18 +90,29 @@ import socket
 import socketserver
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import replace
 from http.server import ThreadingHTTPServer
 from typing import Any
 
 from prefix_routing.emulator.backend import Backend
+from prefix_routing.emulator.connections import (
+    DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_REQUEST_TIMEOUT_S,
+    DEFAULT_SEND_TIMEOUT_S,
+    ConnectionGuard,
+    ConnectionLimits,
+)
 from prefix_routing.emulator.echo_backend import EchoBackend
 from prefix_routing.emulator.faults import Faults, _Plan, _plan
 from prefix_routing.emulator.handler import _Handler
 from prefix_routing.emulator.protocol import RuntimeRequest
-from prefix_routing.emulator.recording import RecordedRequest
+from prefix_routing.emulator.recording import (
+    DEFAULT_RECORD_BODY_BYTES,
+    DEFAULT_RECORD_LIMIT,
+    RecordedRequest,
+    RequestLog,
+)
 from prefix_routing.rules.errors import UserError
 
 
@@ -107,9 +130,12 @@ class RuntimeServer(ThreadingHTTPServer):
     """A threaded HTTP server speaking the SageMaker runtime's protocol on a loopback address.
 
     ``port=0`` picks a free port (see :attr:`port` / :attr:`url`). ``endpoints``: if given, other
-    endpoint names get ``ValidationError`` ("Endpoint ... not found"). ``bearer_token``: if given, the
-    OpenAI path requires exactly this token, otherwise any non-empty one. ``record_bodies=False``
-    keeps memory flat in long load tests (bodies recorded as ``b""``).
+    endpoint names get ``ValidationError`` ("Endpoint ... not found"). ``require_component``: the
+    endpoints are inference-component endpoints: an invocation without ``InferenceComponentName`` is a
+    ``ValidationError``. ``bearer_token``: if given, the OpenAI path requires exactly this token,
+    otherwise any non-empty one. The record keeps the last ``record_limit`` requests and the bodies of
+    the latest within ``record_body_bytes`` (``record_bodies=False``: none). The connection bounds are
+    :class:`~prefix_routing.emulator.connections.ConnectionLimits`.
     """
 
     daemon_threads = True
@@ -126,6 +152,13 @@ class RuntimeServer(ThreadingHTTPServer):
         endpoints: Iterable[str] | None = None,
         bearer_token: str | None = None,
         record_bodies: bool = True,
+        require_component: bool = False,
+        record_limit: int = DEFAULT_RECORD_LIMIT,
+        record_body_bytes: int = DEFAULT_RECORD_BODY_BYTES,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S,
     ):
         if not is_loopback_host(host):
             raise UserError(f"host {host!r}: the runtime server binds to a loopback address only (127.0.0.1)")
@@ -136,13 +169,15 @@ class RuntimeServer(ThreadingHTTPServer):
         self.endpoints = frozenset(endpoints) if endpoints is not None else None
         self.bearer_token = bearer_token
         self.record_bodies = record_bodies
+        self.require_component = require_component
+        self.limits = ConnectionLimits(max_connections, idle_timeout_s, request_timeout_s, send_timeout_s)
+        self.guard = ConnectionGuard(self.limits)
         self._lock = threading.Condition()
-        self._records: list[RecordedRequest] = []
+        self._log = RequestLog(limit=record_limit, body_bytes=record_body_bytes, record_bodies=record_bodies)
         self._pending = 0
         self._counter = itertools.count()
         self._rng = random.Random(self.faults.seed)
         self._thread: threading.Thread | None = None
-        self._connections: set[socket.socket] = set()
         if ":" in host:
             self.address_family = socket.AF_INET6
         super().__init__((host, port), _Handler)
@@ -169,6 +204,7 @@ class RuntimeServer(ThreadingHTTPServer):
     # -- life cycle
     def start(self) -> RuntimeServer:
         """Serve on a daemon thread; returns self."""
+        self.guard.start()
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self.serve_forever,
@@ -186,11 +222,30 @@ class RuntimeServer(ThreadingHTTPServer):
             self._thread.join(timeout=5)
             self._thread = None
         self.server_close()
-        with self._lock:
-            connections = list(self._connections)
-        for connection in connections:  # idle keep-alive connections and streams in flight
+        self.guard.stop()
+        for connection in self.guard.connections():  # idle keep-alive connections and streams in flight
             with contextlib.suppress(OSError):
                 connection.shutdown(socket.SHUT_RDWR)
+        close = getattr(self.backend, "close", None)
+        if callable(close):  # e.g. the engine backend's health checks
+            close()
+
+    # -- connections: counted, refused beyond the limit
+    def process_request(self, request, client_address) -> None:
+        if not self.guard.admit():
+            self.guard.refuse(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.guard.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.guard.release()
 
     def __enter__(self) -> RuntimeServer:
         return self.start()
@@ -201,13 +256,19 @@ class RuntimeServer(ThreadingHTTPServer):
     # -- the record
     @property
     def requests(self) -> list[RecordedRequest]:
-        """A snapshot of every request received so far, in order of arrival."""
+        """A snapshot of the latest requests received (at most ``record_limit``), in order of arrival."""
         with self._lock:
-            return list(self._records)
+            return self._log.snapshot()
+
+    @property
+    def request_count(self) -> int:
+        """Requests received since the start (or the last :meth:`clear_requests`), all of them."""
+        with self._lock:
+            return self._log.total
 
     def clear_requests(self) -> None:
         with self._lock:
-            self._records.clear()
+            self._log.clear()
 
     def wait_until_idle(self, timeout: float = 5.0) -> bool:
         """Wait until no request is being answered (outcomes are final); False on timeout."""
@@ -215,11 +276,15 @@ class RuntimeServer(ThreadingHTTPServer):
             return self._lock.wait_for(lambda: self._pending == 0, timeout)
 
     def outcome_counts(self) -> dict[str, int]:
+        """Requests by outcome since the start (or the last clear), exact: ``pending`` for those in flight."""
         with self._lock:
-            return dict(Counter(r.outcome for r in self._records))
+            return self._log.outcome_counts()
 
     def status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"requests": len(self.requests), "outcomes": self.outcome_counts()}
+        with self._lock:
+            out: dict[str, Any] = {"requests": self._log.total, "outcomes": self._log.outcome_counts(),
+                                   "record": self._log.window()}
+        out["connections"] = self.guard.status()
         status = getattr(self.backend, "status", None)
         if callable(status):
             out["backend"] = status()
@@ -231,8 +296,7 @@ class RuntimeServer(ThreadingHTTPServer):
             index = next(self._counter)
             plan = _plan(self.faults, index, self._rng)
             request = make_request(index)
-            record = RecordedRequest(request if self.record_bodies else replace(request, body=b""))
-            self._records.append(record)
+            record = self._log.admit(request)
             self._pending += 1
         return request, record, plan
 
@@ -242,6 +306,7 @@ class RuntimeServer(ThreadingHTTPServer):
             record.status = status
             record.error_code = error_code
             record.finished_at = time.monotonic()
+            self._log.finish(record)
             self._pending -= 1
             self._lock.notify_all()
 
@@ -251,7 +316,8 @@ def serve_runtime(backend: Backend | None = None, **options: Any) -> Iterator[Ru
     """Run a :class:`RuntimeServer` on a free port of 127.0.0.1 for the ``with`` block.
 
     ``options`` are :class:`RuntimeServer`'s keywords (``faults=``, ``endpoints=``, ``bearer_token=``,
-    ``port=``, ``record_bodies=``). The default backend is ``EchoBackend()``.
+    ``port=``, ``require_component=``, ``record_bodies=``, ``record_limit=``, the connection bounds). The
+    default backend is ``EchoBackend()``.
     """
     server = RuntimeServer(backend if backend is not None else EchoBackend(), **options)
     server.start()

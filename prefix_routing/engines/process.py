@@ -151,6 +151,14 @@ def stop(state: Path) -> list[Engine]:
     return alive
 
 
+def terminate(engines: list[Engine]) -> list[Engine]:
+    """End those of ``engines`` still running their binary, by their ids (SIGTERM, SIGKILL after 10 s),
+    whatever a state file says; returns those it stopped."""
+    alive = [e for e in engines if _alive(e)]
+    _terminate(alive)
+    return alive
+
+
 def status(state: Path) -> list[dict]:
     """Per engine: url, pid, its slots (id, busy, tokens held) and its cached-prompt-token counter."""
     rows = []

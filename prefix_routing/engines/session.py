@@ -1,6 +1,8 @@
 """Engines for the length of a ``with`` block: what ``emulate --engines``, ``demo --engines``, the
 real-engine tests and the fidelity benchmark start, each with its own state file, so that one never
-stops another's engines."""
+stops another's engines. The block's end stops them however it ends (an exception, or the
+``BaseException`` that ``emulate`` raises on SIGTERM/SIGINT): by the ids in the state file and by the
+ids it handed out."""
 
 from __future__ import annotations
 
@@ -35,3 +37,4 @@ def local_engines(count: int, *, slots: int = 1, context: int = 8192, cache_ram_
         yield engines
     finally:
         process.stop(state)
+        process.terminate(engines)  # by the ids in hand too, should the state file have gone

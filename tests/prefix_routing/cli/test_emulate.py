@@ -47,10 +47,48 @@ def test_emulate_serves_in_front_of_named_engines(capsys):
     (["--engines", "0"], "--engines 0: allowed 1 to 16"),
     (["--engine-url", "ftp://somewhere"], "expected http://HOST:PORT"),
     (["--front-door", "70000"], "--front-door 70000: allowed 0 to 65535"),
+    (["--duration", "-1"], "--duration -1: allowed above 0, at most 2592000 seconds"),
+    (["--engines", "1", "--engine-slots", "0"], "--engine-slots 0: allowed 1 to 64"),
+    (["--engines", "1", "--engine-context", "10"], "--engine-context 10: allowed 256 to 1048576"),
+    (["--engines", "1", "--engine-cache-ram", "-1"], "--engine-cache-ram -1: allowed 0 to 1048576"),
 ])
 def test_emulate_refuses_what_does_not_mix(capsys, argv, message):
-    code, _, err = run(capsys, "emulate", "--port", "0", "--duration", "0.1", *argv)
+    argv = ["--duration", "0.1", *argv] if "--duration" not in argv else argv
+    code, _, err = run(capsys, "emulate", "--port", "0", *argv)
     assert code == 2 and message in err, err
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_emulate_stops_cleanly_on_sigterm_and_sigint(signum):
+    """A service manager's SIGTERM (or Ctrl-C's SIGINT) stops the servers and exits 0, at once."""
+    import re
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    process = subprocess.Popen([sys.executable, "-m", "prefix_routing", "emulate", "--port", "0", "--front-door", "0",
+                                "--speed", "100"], stderr=subprocess.PIPE, text=True)
+    try:
+        ports = []
+        for line in process.stderr:
+            ports += [int(p) for p in re.findall(r"at http://127\.0\.0\.1:(\d+)", line)]
+            if line.startswith("front door"):
+                break
+        assert len(ports) == 2, ports
+        started = time.monotonic()
+        process.send_signal(getattr(signal, signum))
+        assert process.wait(20) == 0
+        assert time.monotonic() - started < 10
+        assert f"stopped ({signum})" in process.stderr.read()
+        for port in ports:  # both servers closed their ports
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
 
 
 def test_emulate_front_door_serves_the_openai_sdk_and_refuses_a_forged_direct_invocation():

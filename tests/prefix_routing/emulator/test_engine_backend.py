@@ -30,13 +30,17 @@ class StandInEngine(ThreadingHTTPServer):
 
     ``mode``: "ok", "error" (500 before streaming), "reject" (400 as llama.cpp refuses a prompt over its
     context), "drop" (closes after the first chunk), "hold" (waits for ``release`` before answering).
+    ``GET /health`` answers ``health_status`` (200; llama-server says 503 while it loads its model).
     """
 
     daemon_threads = True
+    allow_reuse_address = True
 
-    def __init__(self):
-        super().__init__(("127.0.0.1", 0), _StandInHandler)
+    def __init__(self, port: int = 0):
+        super().__init__(("127.0.0.1", port), _StandInHandler)
         self.mode = "ok"
+        self.health_status = 200
+        self.health_checks = 0
         self.bodies: list[dict] = []
         self.last: list[str] = []
         self.release = threading.Event()
@@ -58,6 +62,17 @@ class _StandInHandler(BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
+
+    def do_GET(self):
+        engine: StandInEngine = self.server
+        status = engine.health_status if self.path == "/health" else 404
+        engine.health_checks += self.path == "/health"
+        data = b'{"status":"ok"}' if status == 200 else b'{"error":{"code":503,"message":"Loading model"}}'
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def do_POST(self):
         engine: StandInEngine = self.server
@@ -304,13 +319,21 @@ def test_an_engine_that_breaks_mid_stream_is_a_model_stream_error(emulate, engin
     assert sum(e["errors"] for e in backend.status()["engines"]) == 1
 
 
-def test_an_unreachable_engine_is_a_model_error_502():
-    backend = EngineBackend(["http://127.0.0.1:9"], strategy="RANDOM")  # the discard port: nothing listens
+def test_an_unreachable_engine_is_a_model_error_502_then_out_of_routing():
+    # No checking threads: the failed connect alone takes the engine out.
+    backend = EngineBackend(["http://127.0.0.1:9"], strategy="RANDOM", health_interval_s=None)  # nothing listens
     with RuntimeServer(backend, endpoints=["ep"]) as server:
+        client = client_for(server)
         with pytest.raises(ClientError) as caught:
-            client_for(server).invoke_endpoint(EndpointName="ep", Body=chat("a", "b"))
-    assert caught.value.response["Error"]["Code"] == "ModelError"
-    assert caught.value.response["OriginalStatusCode"] == 502
+            client.invoke_endpoint(EndpointName="ep", Body=chat("a", "b"))
+        assert caught.value.response["Error"]["Code"] == "ModelError"
+        assert caught.value.response["OriginalStatusCode"] == 502
+        # The only copy is down: no capacity, as the fleet backend answers when no copy serves.
+        with pytest.raises(client.exceptions.ValidationError, match="no capacity"):
+            client.invoke_endpoint(EndpointName="ep", Body=chat("a", "b"))
+        (engine,) = server.status()["backend"]["engines"]
+    assert engine["healthy"] is False and engine["requests"] == 1
+    assert "request could not connect: ConnectionRefusedError" in engine["health"]["last_error"]
 
 
 def test_a_body_the_engine_cannot_serve_is_a_model_error_400_and_reaches_no_engine(emulate, engines):
@@ -328,3 +351,86 @@ def test_bad_settings_are_refused_with_what_is_allowed():
         EngineBackend(["ftp://x"], strategy="RANDOM")
     with pytest.raises(UserError, match="at least one"):
         EngineBackend([], strategy="RANDOM")
+
+
+def _until(condition, timeout=10.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
+
+
+def test_a_dead_engine_loses_its_share_and_gets_it_back_when_it_answers_again(emulate, engines):
+    """The issue's case: one of two engines killed. SageMaker stops routing to an unhealthy copy; so does
+    the emulator: every request goes to the live engine until the dead one answers its health check again."""
+    server, backend = emulate(strategy="PREFIX_AWARE", prefix_length=1024, concurrency_threshold=10,
+                              health_interval_s=0.05)
+    client = client_for(server)
+    systems = [f"system {i} " + SYSTEM + SYSTEM for i in range(8)]  # 8 prefixes: both engines are homes
+    for system in systems:
+        stream(client, chat(system, "q"))
+    assert all(e["requests"] > 0 for e in backend.status()["engines"])
+    port = int(engines[0].url.rsplit(":", 1)[1])
+    engines[0].stop()  # killed: its port refuses connections
+    assert _until(lambda: backend.health.healthy() == [1])
+    before = backend.status()["engines"][1]["requests"]
+    for system in systems:  # every prefix, the dead engine's homes included: none fails
+        _, usage = stream(client, chat(system, "again"))
+        assert usage is not None
+    status = backend.status()
+    assert status["engines"][1]["requests"] == before + 8 and status["engines_healthy"] == 1
+    assert status["engines"][0]["healthy"] is False and status["engines"][0]["health"]["went_down"] == 1
+    web = json.loads(urllib.request.urlopen(f"{server.url}/status", timeout=5).read())
+    assert [e["healthy"] for e in web["backend"]["engines"]] == [False, True]
+    # A new engine on the same port (SageMaker's replaced copy): back in routing, its homes back home.
+    engines[0] = StandInEngine(port)
+    assert _until(lambda: backend.health.healthy() == [0, 1])
+    for system in systems:
+        stream(client, chat(system, "third"))
+    assert len(engines[0].bodies) > 0
+
+
+def test_all_engines_down_is_no_capacity(emulate, engines):
+    server, backend = emulate(strategy="LEAST_OUTSTANDING_REQUESTS", health_interval_s=None, unhealthy_after=1)
+    for engine in engines:
+        engine.health_status = 503  # llama-server while it loads its model
+    assert backend.health.check_all() == []
+    client = client_for(server)
+    with pytest.raises(client.exceptions.ValidationError, match="Inference Component has no capacity"):
+        client.invoke_endpoint(EndpointName="ep", Body=chat("a", "b"))
+    assert not engines[0].bodies and not engines[1].bodies
+    engines[1].health_status = 200
+    assert backend.health.check_all() == [1]
+    assert json.loads(client.invoke_endpoint(EndpointName="ep", Body=chat("a", "b"))["Body"].read())["usage"]
+    assert len(engines[1].bodies) == 1
+
+
+def test_a_failed_check_counts_only_in_a_row_and_one_pass_brings_an_engine_back(emulate, engines):
+    _, backend = emulate(strategy="RANDOM", health_interval_s=None, unhealthy_after=3)
+    health = backend.health
+    engines[0].health_status = 503
+    assert [health.check(0), health.check(0)] == [False, False] and health.is_healthy(0)  # 2 of 3
+    engines[0].health_status = 200
+    assert health.check(0) and health.status(0)["failures_in_a_row"] == 0
+    engines[0].health_status = 503
+    for _ in range(3):
+        health.check(0)
+    assert not health.is_healthy(0) and backend.router.active == [1]
+    engines[0].health_status = 200
+    assert health.check(0) and health.is_healthy(0) and backend.router.active is None
+    assert health.status(0)["checks"] == 7 and health.status(0)["checks_failed"] == 5
+    assert engines[0].health_checks == 7
+
+
+def test_health_settings_are_bounded():
+    for options, message in [({"health_interval_s": 0}, "health_interval_s=0: allowed a number of seconds"),
+                             ({"health_timeout_s": 1e9}, "health_timeout_s=1000000000.0"),
+                             ({"unhealthy_after": 0}, "unhealthy_after=0: allowed an integer from 1 to 100")]:
+        with pytest.raises(UserError, match=message):
+            EngineBackend(["http://127.0.0.1:9"], strategy="RANDOM", **options)
+    with pytest.raises(UserError, match="65 engine URLs; allowed at most 64"):
+        EngineBackend([f"http://127.0.0.1:{1000 + i}" for i in range(65)], strategy="RANDOM")

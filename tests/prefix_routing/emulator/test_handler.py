@@ -166,3 +166,40 @@ def test_throttle_status_429_and_seeded_fractions():
     assert statuses == {200, 429} and 3 <= len(first) <= 17
     assert throttled(7)[0] == first
     assert throttled(8)[0] != first
+
+
+def test_an_inference_component_endpoint_requires_the_component_as_sagemaker_does():
+    from prefix_routing.emulator.handler import COMPONENT_REQUIRED
+
+    # SageMaker's words (ValidationError 400), as callers quote them.
+    assert COMPONENT_REQUIRED == (
+        "Inference Component Name header is required for endpoints to which you plan to deploy inference "
+        "components. Please include Inference Component Name header or consider using SageMaker models.")
+    with serve_runtime(EchoBackend(max_tokens=1), require_component=True) as server:
+        client = client_for(server)
+        for call in (client.invoke_endpoint, client.invoke_endpoint_with_response_stream):
+            with pytest.raises(client.exceptions.ValidationError) as caught:
+                call(EndpointName="ep", Body=BODY)
+            assert caught.value.response["Error"]["Message"] == COMPONENT_REQUIRED
+            assert caught.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
+        assert client.invoke_endpoint(EndpointName="ep", InferenceComponentName="ic", Body=BODY)["Body"].read()
+        server.wait_until_idle()
+        assert server.outcome_counts() == {"error": 2, "ok": 1}
+    with serve_runtime(EchoBackend(max_tokens=1)) as server:  # a server without a component: accepted
+        assert client_for(server).invoke_endpoint(EndpointName="ep", Body=BODY)["Body"].read()
+
+
+def test_the_stage_emulators_are_inference_component_endpoints():
+    from prefix_routing.emulator.engine_backend import start_engine_emulator
+    from prefix_routing.emulator.fleet_backend import start_emulator
+    from prefix_routing.stage.config import load_stage
+
+    config = load_stage()
+    for server in (start_emulator(config, speed=50.0),
+                   start_engine_emulator(config, ["http://127.0.0.1:9"])):  # refused before any engine is asked
+        try:
+            client = client_for(server)
+            with pytest.raises(client.exceptions.ValidationError, match="Inference Component Name header is required"):
+                client.invoke_endpoint_with_response_stream(EndpointName=config.endpoint_name, Body=BODY)
+        finally:
+            server.stop()

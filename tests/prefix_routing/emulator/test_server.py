@@ -41,6 +41,8 @@ def test_fault_spec_parsing():
         ("error_kind=Teapot", "error_kind"),
         ("stream_error_kind=X", "stream_error_kind"),
         ("truncate_after=-1", ">= 0"),
+        ("first_chunk_delay=1e9", "first_chunk_delay=1000000000.0: allowed 0 to 3600 seconds"),
+        ("first_chunk_delay=nan", "first_chunk_delay=nan: allowed 0 to 3600"),
     ]:
         with pytest.raises(UserError, match=message):
             Faults.from_spec(bad)
@@ -55,7 +57,6 @@ def test_accepted_connections_have_tcp_nodelay():
         connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
         connection.request("GET", "/ping")
         assert connection.getresponse().read() == b""
-        with server._lock:  # the kept-alive connection, as the server accepted it
-            accepted = list(server._connections)
+        accepted = server.guard.connections()  # the kept-alive connection, as the server accepted it
         assert accepted and all(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in accepted)
         connection.close()

@@ -64,3 +64,19 @@ def test_the_command_line_is_local_one_thread_prefix_caching_and_metrics(tmp_pat
     assert "--cache-prompt" in command and "--metrics" in command
     with pytest.raises(UserError, match="engines: 0: allowed 1 to 16"):
         process.start(0, tmp_path, tmp_path, tmp_path / "s.json", log_dir=tmp_path)
+
+
+def test_terminate_ends_the_engines_in_hand_when_the_state_file_is_gone(fake_server, tmp_path):
+    state = tmp_path / "engines.json"
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    engines = process.start(2, fake_server, model, state, log_dir=tmp_path / "logs", wait_s=20)
+    state.unlink()  # stop(state) alone would find nothing to stop now
+    try:
+        assert process.stop(state) == []
+        assert all(process._alive(e) for e in engines)
+    finally:
+        stopped = process.terminate(engines)
+    assert sorted(e.pid for e in stopped) == sorted(e.pid for e in engines)
+    assert not any(process._alive(e) for e in engines)
+    assert process.terminate(engines) == []  # nothing left: nothing signalled
