@@ -1,6 +1,6 @@
 """Prefix-aware routing for LLM inference on Amazon SageMaker.
 
-One subpackage per capability, split by what runs where. Each room imports only the rooms below it
+One subpackage per capability, split by what runs where. Each subpackage imports only the subpackages below it
 (``tests/test_architecture.py`` checks every arrow; ``docs/architecture.md`` draws them)::
 
     cli ──► verify ──► loadtest ──► emulator ──► lab ──► stage ──► rules

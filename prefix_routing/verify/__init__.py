@@ -4,9 +4,9 @@ Run after ``cdk deploy`` with the operator's credentials: the endpoint, its conf
 (:mod:`.deployment`), the alarms and every metric the alarms and the dashboard read
 (:mod:`.monitoring`), the normalizer function and, with ``invoke``, one round trip through its
 Function URL (:mod:`.function`). It settles the facts of ``../shared/reference/aws-facts.md`` that
-only a live account can tell (see the README's "After deploy").
+only a live account can tell (see docs/operations.md, "After deploy").
 
-This room imports the rules, the stage and the load tester (its signed Function URL target).
+This subpackage imports the rules, the stage and the load tester (its signed Function URL target).
 """
 
 from __future__ import annotations
