@@ -143,7 +143,7 @@ def run_once(cfg: AdvisorConfig, clients: Clients, now_ms: int) -> dict:
             Message=advisor.render(advice),
         )
     return {"advised": True, "requests": len(window), "copies": copies, "better": advice["better"],
-            "notified": due, "notes": list(window.notes), "advice": advice}
+            "notified": due, "notes": list(window.notes), "skipped": window.skipped.as_dict(), "advice": advice}
 
 
 def _load_state(cfg: AdvisorConfig, ssm: Any) -> dict | None:

@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING
 from prefix_routing.lab.common import CANDIDATE_PREFIX_LENGTHS, CANDIDATE_THRESHOLDS
 from prefix_routing.lab.fleet_config import FleetConfig
 from prefix_routing.lab.routing import CONCURRENCY_THRESHOLD_RANGE, PREFIX_LENGTH_RANGE, Strategy
-from prefix_routing.lab.slot_cache import CACHE_POLICIES, CACHE_RAM_MIB, LLAMACPP_SLOTS, SLOT_PROMPT_SIMILARITY
+from prefix_routing.lab.slot_cache import (
+    CACHE_POLICIES,
+    CACHE_RAM_MIB,
+    LLAMACPP_SLOTS,
+    SLOT_PROMPT_SIMILARITY,
+    VLLM_BLOCKS,
+)
 from prefix_routing.lab.traces import Trace
 from prefix_routing.lab.workloads import WORKLOADS, LongContextSpec
 from prefix_routing.rules.errors import UserError
@@ -301,6 +307,11 @@ def autoscaling_from_args(args, total_copies: int) -> "AutoscalingSettings | Non
     mode = getattr(args, "autoscaling", None)
     if mode is None and stage is not None:
         mode = "on" if stage.endpoint.copies_min < stage.endpoint.copies_max else "off"
+        policy = getattr(args, "cache_policy", None)
+        if mode == "on" and policy not in (None, VLLM_BLOCKS) and not given:
+            args._autoscaling_note = (f"the stage's copy autoscaling is not modelled with {policy}: "
+                                      "its copies_max copies serve, fixed")
+            return None
     if mode != "on":
         if given:
             raise UserError(f"{given[0]} needs --autoscaling on" + (f" (stage {stage.name} has fixed copies)" if stage else ""))
@@ -377,6 +388,83 @@ def fleet_config_from_args(args, trace: Trace | None, spec: "LongContextSpec | N
     config = FleetConfig(**values)
     scaling = autoscaling_from_args(args, config.total_copies)  # up to the fleet's size, as built
     return config if scaling is None else replace(config, autoscaling=scaling)
+
+
+def settle_autoscaling(args, config: FleetConfig, strategies) -> FleetConfig:
+    """The stage's autoscaling (not asked for with --autoscaling on) off when it models none of the
+    strategies asked for: they run at fixed copies, and the settings lines say so."""
+    from prefix_routing.lab.fleet_config import autoscaling_modelled
+
+    if (config.autoscaling is None or getattr(args, "autoscaling", None) == "on"
+            or any(autoscaling_modelled(s, config.cache_policy) for s in strategies)):
+        return config
+    args._autoscaling_note = (f"the stage's copy autoscaling is not modelled for {', '.join(s.value for s in strategies)}:"
+                              f" {config.total_copies} copies serve, fixed")
+    return replace(config, autoscaling=None)
+
+
+def settings_lines(args, config: FleetConfig, strategies=()) -> list[str]:
+    """Which of the stage's fleet, copy autoscaling, hot-prefix replication and the engines' cache
+    policy a run models, and where each came from."""
+    from prefix_routing.lab.fleet_config import autoscaling_modelled
+
+    stage = stage_from_args(args)
+    lines = []
+    if stage is not None:
+        lines.append(f"stage: {stage.name}: its endpoint (instance type and model, instances_max × copies per "
+                     "instance), PrefixLength, ConcurrencyThreshold, replication and copy autoscaling; the flags given "
+                     "override them")
+    else:
+        lines.append("stage: none (--stage NAME models a stage's endpoint and settings)")
+    scaling = config.autoscaling
+    if scaling is None:
+        note = getattr(args, "_autoscaling_note", None)
+        lines.append(f"autoscaling: off ({note or f'{config.total_copies} copies, fixed'})")
+    else:
+        origin = "the stage's" if getattr(args, "autoscaling", None) is None else "--autoscaling on"
+        fixed = [s.value for s in strategies if not autoscaling_modelled(s, config.cache_policy)]
+        lines.append(
+            f"autoscaling: on ({origin}): copies {scaling.min_copies} to {scaling.max_copies}, target "
+            f"{scaling.target_per_copy:g} requests in flight per copy, new copies serve after {scaling.startup_s:g} s"
+            + (f"; not modelled for {', '.join(fixed)}: {config.total_copies} copies, fixed" if fixed else ""))
+        lines.append("  max/mean requests and tokens count the instances that held a provisioned copy at some "
+                     "time; copy-hours and copies over time are in --json (and copies_over_time.png)")
+    rep = config.replication
+    if rep is not None and rep.enabled:
+        origin = "the stage's" if getattr(args, "replication", None) is None else "--replication on"
+        lines.append(f"replication: on ({origin}): PREFIX_AWARE only, a hot prefix above "
+                     f"{rep.target_share_factor:g} fair shares gets up to {rep.max_replicas} replicas")
+    else:
+        lines.append("replication: off")
+    policy = config.cache_policy if getattr(args, "cache_policy", None) is None else f"{config.cache_policy} (--cache-policy)"
+    lines.append(f"cache policy: {policy}")
+    return lines
+
+
+def trace_warnings(config: FleetConfig, trace: Trace) -> list[str]:
+    """What a reader must know before the figures: prompts an engine refuses (llamacpp-slots)."""
+    from prefix_routing.lab.overload import context_text
+
+    if config.cache_policy != LLAMACPP_SLOTS:
+        return []
+    warning = context_text(trace.prompt_tokens, config.slot_tokens, config.preset.name)
+    return [warning] if warning else []
+
+
+def settings_dict(args, config: FleetConfig) -> dict:
+    """The same for --json."""
+    stage = stage_from_args(args)
+    scaling, rep = config.autoscaling, config.replication
+    return {
+        "stage": stage.name if stage is not None else None,
+        "autoscaling": None if scaling is None else {
+            "min_copies": scaling.min_copies, "max_copies": scaling.max_copies, "target_per_copy": scaling.target_per_copy,
+            "startup_s": scaling.startup_s, "max_mean_counts": "instances that held a provisioned copy"},
+        "autoscaling_note": getattr(args, "_autoscaling_note", None),
+        "replication": None if rep is None or not rep.enabled else {
+            "target_share_factor": rep.target_share_factor, "max_replicas": rep.max_replicas},
+        "cache_policy": config.cache_policy,
+    }
 
 
 def presets_table() -> str:

@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "simulate": "simulate",
     "tune": "tune",
     "advise": "advise",
+    "log": "log",
     "emulate": "emulate",
     "loadtest": "loadtest",
     "demo": "demo",

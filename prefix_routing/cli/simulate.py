@@ -7,6 +7,7 @@ import sys
 
 from prefix_routing import lab
 from prefix_routing.cli import lab_args
+from prefix_routing.lab.overload import WAIT_S
 from prefix_routing.lab.routing import Strategy
 from prefix_routing.rules.errors import UserError
 
@@ -46,6 +47,8 @@ def run(args) -> int:
     trace, spec = lab_args.load_from_args(args)
     config = lab_args.fleet_config_from_args(args, trace, spec, **fixed)
     strategies = list(dict.fromkeys(args.strategy or DEFAULT_STRATEGIES))
+    config = lab_args.settle_autoscaling(args, config, strategies)
+    warnings = lab_args.trace_warnings(config, trace)
     if args.as_sent and not trace.raw_keys:
         raise UserError(f"--as-sent routes raw request bodies on their own bytes; {trace.source} is not raw bodies "
                         "(--format bodies)")
@@ -57,7 +60,8 @@ def run(args) -> int:
         lab_args.print_json(
             {
                 "trace": {"source": trace.source, "requests": len(trace), "duration_s": trace.duration_s, "skipped": trace.skipped.as_dict()},
-                "fleet": {**fleet_dict(config, args.speed), "users": args.users},
+                "fleet": {**fleet_dict(config, args.speed), "users": args.users, **lab_args.settings_dict(args, config)},
+                "warnings": warnings + [w for r in results for w in result_warnings(r)],
                 "results": [r.as_dict() for r in results],
                 "plots": plots,
             }
@@ -67,16 +71,34 @@ def run(args) -> int:
               if args.users else f"replayed at {args.speed:g}×")
     print(f"trace: {trace.source}: {len(trace):,} requests over {trace.duration_s:,.0f} s, {pacing}")
     print(f"fleet: {lab_args.describe_fleet(config)}")
+    for line in lab_args.settings_lines(args, config, strategies):
+        print(line)
+    for warning in warnings:
+        print(f"warning: {warning}")
     print(f"PREFIX_AWARE: PrefixLength {config.prefix_length} bytes = {config.key_blocks} blocks, ConcurrencyThreshold {config.concurrency_threshold}".replace(" 1 blocks,", " 1 block,"))
     print()
     print(table(results))
     for r in results:
-        if r.timeouts:
-            print(f"warning: {r.strategy}: {r.timeouts:,} requests got no first token within "
-                  f"{config.timeout_s:g} s (counted at {config.timeout_s:g} s in the TTFT percentiles)")
+        for warning in result_warnings(r):
+            print(f"warning: {warning}")
     if plots:
         print("\nplots: " + ", ".join(plots), file=sys.stderr)
     return 0
+
+
+def result_warnings(r) -> list[str]:
+    """A strategy's timeouts, its overload and what it did not model."""
+    from prefix_routing.lab.overload import overload_text
+
+    timeout = r.config.timeout_s
+    out = list(r.notes)
+    if r.timeouts:
+        out.append(f"{r.strategy}: {r.timeouts:,} requests got no first token within {timeout:g} s (counted at "
+                   f"{timeout:g} s in the TTFT percentiles)")
+    overloaded = overload_text(r.waited_share, r.timeouts, r.requests, timeout)
+    if overloaded:
+        out.append(f"{r.strategy}: {overloaded}")
+    return out
 
 
 def fleet_dict(config, speed: float) -> dict:
@@ -115,6 +137,8 @@ def table(results) -> str:
           (("first_touch", "first touch"), ("rekeyed", "re-keyed"), ("routed_away", "routed away"), ("evicted", "evicted"))],
         ("spills", lambda r: f"{r.spills:,}"),
         ("timeouts", lambda r: f"{r.timeouts:,}"),
+        (f"waited > {WAIT_S:g} s", lambda r: f"{r.waited_share:.1%}"),
+        *([("copy-hours", lambda r: f"{r.copy_hours:,.2f}")] if any(r.autoscaling for r in results) else []),
     ]
     names = [r.strategy if len(r.strategy) <= 14 else {"LEAST_OUTSTANDING_REQUESTS": "LEAST_OUTSTAND."}.get(r.strategy, r.strategy[:14]) for r in results]
     width = max(14, *(len(n) for n in names)) + 2

@@ -7,6 +7,7 @@ import sys
 from prefix_routing import lab
 from prefix_routing.cli import lab_args
 from prefix_routing.lab.routing import Strategy
+from prefix_routing.lab.simulate import check_autoscaling
 
 HELP = "tune PrefixLength and ConcurrencyThreshold on a trace: frontier, recommendation, config snippet"
 
@@ -29,6 +30,8 @@ def run(args) -> int:
     config = lab_args.fleet_config_from_args(args, trace, spec)
     strategies = list(dict.fromkeys(args.strategy or (Strategy.RANDOM, Strategy.LEAST_OUTSTANDING_REQUESTS, Strategy.PREFIX_AWARE)))
     baselines = [s for s in strategies if s is not Strategy.PREFIX_AWARE]
+    config = lab_args.settle_autoscaling(args, config, [Strategy.PREFIX_AWARE])
+    check_autoscaling(config, [Strategy.PREFIX_AWARE])  # the grid is PREFIX_AWARE's
     result = lab.tune(
         trace,
         config,
@@ -42,10 +45,12 @@ def run(args) -> int:
     )
     out = lab_args.plot_dir(args, "tune")
     result["plots"] = [str(p) for p in lab.plot_tune(result, out)] if out else []
+    result["fleet"] = lab_args.settings_dict(args, config)
+    result["warnings"] = lab_args.trace_warnings(config, trace) + recommendation_warnings(result, config)
     if args.json:
         lab_args.print_json(result)
         return 0
-    print(render(result, config))
+    print(render(result, config, lab_args.settings_lines(args, config, [Strategy.PREFIX_AWARE, *baselines])))
     if result["plots"]:
         print("\nplots: " + ", ".join(result["plots"]), file=sys.stderr)
     return 0
@@ -66,10 +71,21 @@ def replication_sweep(args) -> list:
     return [None] + [replace(settings, target_share_factor=f) for f in factors]
 
 
-def render(result: dict, config) -> str:
+def recommendation_warnings(result: dict, config) -> list[str]:
+    """The recommended setting's overload, if the modelled fleet does not keep up even there."""
+    from prefix_routing.lab.overload import overload_text
+
+    rec = result["recommendation"]
+    text = overload_text(rec["waited_share"], rec["timeouts"], result["requests"], config.timeout_s)
+    return [f"at the recommended setting, {text}"] if text else []
+
+
+def render(result: dict, config, settings: list[str] = ()) -> str:
     lines = [
         f"trace: {result['source']}: {result['requests']:,} requests",
         f"fleet: {lab_args.describe_fleet(config)}",
+        *settings,
+        *(f"warning: {w}" for w in result.get("warnings", [])),
         "",
         f"{'strategy':<28}{'PrefixLength':>13}{'threshold':>10}{'replicas':>9}{'hit rate':>10}{'P50 ms':>9}{'P90 ms':>9}"
         f"{'max/mean':>9}{'spills':>8}",

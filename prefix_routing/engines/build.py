@@ -14,10 +14,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -54,13 +56,45 @@ def missing_tools(which: Callable[[str], str | None] = shutil.which) -> list[str
     return [f"{program} (Debian package {package})" for program, package in TOOLS.items() if which(program) is None]
 
 
-def _run(command: list[str], log: Path, cwd: Path | None = None) -> None:
-    with log.open("a") as out:
-        out.write("$ " + " ".join(command) + "\n")
+_NINJA_STEP = re.compile(rb"^\[(\d+)/(\d+)\]")
+PROGRESS_EVERY_S = 5.0  # at most one progress line this often, and one at each 10 % crossed
+
+
+def _run(command: list[str], log: Path, cwd: Path | None = None,
+         progress: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    """Run ``command`` with its output in ``log``. With ``progress``: ninja's ``[n/N]`` lines relayed
+    as a percentage, at each 10 % crossed or every PROGRESS_EVERY_S seconds of progress, whichever
+    comes first (the first build takes minutes)."""
+    with log.open("ab") as out:
+        out.write(("$ " + " ".join(command) + "\n").encode())
         out.flush()
-        result = subprocess.run(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
-    if result.returncode:
-        raise UserError(f"{command[0]} failed with status {result.returncode}: see {log}")
+        if progress is None:
+            returncode = subprocess.run(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT).returncode
+        else:
+            returncode = _relay(command, cwd, out, progress, clock)
+    if returncode:
+        raise UserError(f"{command[0]} failed with status {returncode}: see {log}")
+
+
+def _relay(command: list[str], cwd: Path | None, out, progress: Callable[[str], None],
+           clock: Callable[[], float]) -> int:
+    started = last_said = clock()
+    last_tenth, last_step = 0, 0
+    with subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as process:
+        for line in process.stdout:
+            out.write(line)
+            match = _NINJA_STEP.match(line)
+            if not match:
+                continue
+            step, steps = int(match[1]), int(match[2])
+            if not 0 < step <= steps:
+                continue
+            tenth, now = 10 * step // steps, clock()
+            if step > last_step and (tenth > last_tenth or now - last_said >= PROGRESS_EVERY_S):
+                progress(f"building llama-server: {100 * step // steps}% ({step}/{steps} steps, "
+                         f"{now - started:,.0f} s)")
+                last_tenth, last_step, last_said = tenth, step, now
+        return process.wait()
 
 
 def build(*, force: bool = False, jobs: int = 2, say: Callable[[str], None] = print) -> Path:
@@ -93,10 +127,10 @@ def build(*, force: bool = False, jobs: int = 2, say: Callable[[str], None] = pr
         for member in members:
             member.name = member.name[len(prefix):]
         tar.extractall(source, members=[m for m in members if m.name], filter="data")
-    say(f"building llama-server (about 5 minutes on 2 cores; log: {log}) ...")
+    say(f"building llama-server (5-25 minutes, about 5 on 2 free cores; log: {log}) ...")
     build_dir = root / "build"
     _run(["cmake", "-S", str(source), "-B", str(build_dir), "-G", "Ninja", *CMAKE_OPTIONS], log)
-    _run(["cmake", "--build", str(build_dir), "--target", "llama-server", f"-j{jobs}"], log)
+    _run(["cmake", "--build", str(build_dir), "--target", "llama-server", f"-j{jobs}"], log, progress=say)
     binary.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(build_dir / "bin" / "llama-server", binary.with_suffix(".tmp"))
     binary.with_suffix(".tmp").replace(binary)

@@ -12,10 +12,11 @@
 
 Progress bars (tqdm, stderr) appear only for runs that last more than two seconds.
 
-The modules: trace readers (:mod:`.traces`), request bodies (:mod:`.bodies`), workloads
-(:mod:`.workloads`); the fleet model (:mod:`.fleet`, with :mod:`.routing`, :mod:`.fleet_config`,
-:mod:`.latency`, :mod:`.engine_model`, :mod:`.fleet_stats`), pure computation without I/O; the
-passes over it (:mod:`.analyze`, :mod:`.simulate`, :mod:`.tune`) and :mod:`.plots`. The lab imports
+The modules: trace readers (:mod:`.traces`, their result :mod:`.trace_data` and the bounds on
+what they accept, :mod:`.limits`), request bodies (:mod:`.bodies`), workloads (:mod:`.workloads`);
+whether a modelled fleet keeps up (:mod:`.overload`); the fleet model (:mod:`.fleet`, with
+:mod:`.routing`, :mod:`.fleet_config`, :mod:`.latency`, :mod:`.engine_model`, :mod:`.fleet_stats`), pure
+computation without I/O; the passes over it (:mod:`.analyze`, :mod:`.simulate`, :mod:`.tune`) and :mod:`.plots`. The lab imports
 :mod:`prefix_routing.rules` and :mod:`prefix_routing.stage`, never the emulator or the load tester.
 """
 

@@ -18,11 +18,21 @@ from typing import Sequence
 from prefix_routing.lab.analyze import analyze
 from prefix_routing.lab.common import CANDIDATE_PREFIX_LENGTHS, CANDIDATE_THRESHOLDS
 from prefix_routing.lab.fleet_config import FleetConfig
+from prefix_routing.lab.overload import overload_text
 from prefix_routing.lab.routing import Strategy
 from prefix_routing.lab.traces import Trace
-from prefix_routing.lab.tune import tune
+from prefix_routing.lab.tune import config_snippet, tune
+from prefix_routing.lab.verdict import routing_verdict
 from prefix_routing.rules import telemetry
 from prefix_routing.rules.errors import UserError
+
+
+# A setting predicted to lose more than this against the current one is never recommended: more
+# than a point of hit rate, or a P50 TTFT more than 5 % higher.
+WORSE_POINTS = 1.0
+WORSE_TTFT = 0.05
+# A measured hit rate this many points above the window's bound says the bound or the window is off.
+ABOVE_BOUND_POINTS = 1.0
 
 
 @dataclass(frozen=True)
@@ -72,29 +82,84 @@ def advise(
     tuned = tune(trace, current_config, prefix_lengths=[by_length["recommendation"]["prefix_length"]],
                  thresholds=grid_thresholds, baselines=(Strategy.RANDOM,), replications=deployed,
                  reuse_share=reuse["prefix_reuse"])
-    best = tuned["recommendation"]
-    gain_points = 100.0 * (best["hit_rate"] - current["hit_rate"])
-    ttft_gain = 1.0 - best["ttft_p50_s"] / current["ttft_p50_s"] if current["ttft_p50_s"] > 0 else 0.0
-    same = (best["prefix_length"], best["concurrency_threshold"]) == (config.prefix_length, config.concurrency_threshold)
-    better = not same and (gain_points >= settings.gain_points - 1e-9 or ttft_gain >= settings.ttft_gain - 1e-9)
+    best = _choose(tuned["recommendation"], current, by_length["points"] + tuned["points"], settings)
+    kept = best is current
+    gain_points, ttft_gain = _gains(best, current)
+    better = not kept and (gain_points >= settings.gain_points - 1e-9 or ttft_gain >= settings.ttft_gain - 1e-9)
+    random = next(b for b in tuned["baselines"] if b["strategy"] == Strategy.RANDOM.value)
+    bound, measured = reuse["hit_rate_bound_tokens"], trace.measured_hit_rate()
     return {
         "window": {"source": trace.source, "requests": len(trace), "duration_s": trace.duration_s},
-        "hit_rate_bound": reuse["hit_rate_bound_tokens"],
+        "hit_rate_bound": bound,
         "prefix_reuse_share": reuse["prefix_reuse"],
-        "measured_hit_rate": trace.measured_hit_rate(),
-        "current": _settings(config.prefix_length, config.concurrency_threshold, current["hit_rate"], current["ttft_p50_s"]),
-        "best": _settings(best["prefix_length"], best["concurrency_threshold"], best["hit_rate"], best["ttft_p50_s"]),
+        "measured_hit_rate": measured,
+        "measured_above_bound": _above_bound(trace, measured, bound),
+        "current": _settings(config.prefix_length, config.concurrency_threshold, current),
+        "best": _settings(best["prefix_length"], best["concurrency_threshold"], best),
+        "kept_current": kept,
         "gain_points": gain_points,
         "ttft_gain": ttft_gain,
         "better": better,
-        "verdict": tuned["verdict"],
-        "snippet": tuned["snippet"],
+        "overloaded": overload_text(current["waited_share"], current["timeouts"], len(trace), config.timeout_s),
+        "verdict": routing_verdict(prefix_aware=best, random=random, reuse_share=reuse["prefix_reuse"]),
+        "snippet": config_snippet(best["prefix_length"], best["concurrency_threshold"],
+                                  config.replication if best.get("replication") is not None else None),
     }
 
 
-def _settings(prefix_length: int, threshold: int, hit_rate: float, p50_s: float) -> dict:
+def _gains(candidate: dict, current: dict) -> tuple[float, float]:
+    """(hit-rate points gained, share of P50 TTFT cut) of a candidate against the current settings."""
+    points = 100.0 * (candidate["hit_rate"] - current["hit_rate"])
+    ttft = 1.0 - candidate["ttft_p50_s"] / current["ttft_p50_s"] if current["ttft_p50_s"] > 0 else 0.0
+    return points, ttft
+
+
+def _no_worse(candidate: dict, current: dict) -> bool:
+    points, ttft = _gains(candidate, current)
+    return points >= -WORSE_POINTS - 1e-9 and ttft >= -WORSE_TTFT - 1e-9
+
+
+def _choose(recommended: dict, current: dict, tried: list[dict], settings: NotifySettings) -> dict:
+    """What to advise: the tune rule's recommendation when it is predicted no worse than the current
+    settings (hit rate and P50 TTFT both); else the tried setting that beats the current ones by
+    the notification bar with the lowest P50 TTFT (then the highest hit rate); else the current ones."""
+    if _no_worse(recommended, current):
+        return recommended
+    here = (current["prefix_length"], current["concurrency_threshold"])
+
+    def pays(p):
+        points, ttft = _gains(p, current)
+        return points >= settings.gain_points - 1e-9 or ttft >= settings.ttft_gain - 1e-9
+
+    better = [p for p in tried if (p["prefix_length"], p["concurrency_threshold"]) != here
+              and _no_worse(p, current) and pays(p)]
+    return min(better, key=lambda p: (round(p["ttft_p50_s"], 4), -round(p["hit_rate"], 4))) if better else current
+
+
+def _above_bound(trace: Trace, measured: float | None, bound: float) -> dict | None:
+    """A measured hit rate above the window's bound (which no routing can beat), and which of the two
+    is off: the window (a sample of the log: cut at a bound, or lines skipped) or the bound itself."""
+    if measured is None or 100.0 * (measured - bound) <= ABOVE_BOUND_POINTS:
+        return None
+    head = (f"the hit rate measured in production ({measured:.1%}) is above the window's bound ({bound:.1%}), "
+            "which no routing can beat: ")
+    skipped = trace.skipped.count
+    sampled = [s for s in (trace.sampled, f"{skipped:,} line{'s' if skipped != 1 else ''} skipped" if skipped else None)
+               if s]
+    if sampled:
+        return {"cause": "sampled", "text": head + f"the log is sampled ({'; '.join(sampled)}): requests that warmed "
+                "the caches are missing from the window, so the bound and the predictions read low"}
+    return {"cause": "bound", "text": head + "the model's bound is too low for this log: it assumes the caches start "
+            "empty at the window's start and counts whole blocks of "
+            f"{trace.block_bytes or trace.block_tokens:g} {'bytes' if trace.block_bytes else 'tokens'}, while the "
+            "engines kept prefixes from before the window and cache in smaller blocks; read the predicted hit rates "
+            f"as low by up to {100.0 * (measured - bound):.1f} points"}
+
+
+def _settings(prefix_length: int, threshold: int, point: dict) -> dict:
     return {"prefix_length": prefix_length, "concurrency_threshold": threshold,
-            "predicted_hit_rate": hit_rate, "ttft_p50_s": p50_s}
+            "predicted_hit_rate": point["hit_rate"], "ttft_p50_s": point["ttft_p50_s"],
+            "waited_share": point["waited_share"], "timeouts": point["timeouts"]}
 
 
 def notify(advice: dict, state: dict | None, after_runs: int) -> tuple[bool, dict]:
@@ -141,19 +206,31 @@ def render(advice: dict) -> str:
         f"window: {w['source']}: {w['requests']:,} requests over {w['duration_s']:,.0f} s",
         f"hit rate measured in production: {'not reported' if measured is None else f'{measured:.1%}'}; "
         f"bound (one infinite shared cache): {advice['hit_rate_bound']:.1%}",
-        f"now:  PrefixLength {cur['prefix_length']}, ConcurrencyThreshold {cur['concurrency_threshold']}: "
-        f"predicted hit rate {cur['predicted_hit_rate']:.1%}, P50 TTFT {_ms(cur['ttft_p50_s'])}",
-        f"best: PrefixLength {best['prefix_length']}, ConcurrencyThreshold {best['concurrency_threshold']}: "
-        f"predicted hit rate {best['predicted_hit_rate']:.1%}, P50 TTFT {_ms(best['ttft_p50_s'])} "
-        f"({advice['gain_points']:+.1f} points, P50 {-advice['ttft_gain']:+.0%})",
-        f"prefix reuse share: {advice['prefix_reuse_share']:.1%} of requests (the brief's criterion: above 50 %)",
+    ]
+    if advice.get("measured_above_bound"):
+        lines.append(f"warning: {advice['measured_above_bound']['text']}")
+    lines.append(f"now:  PrefixLength {cur['prefix_length']}, ConcurrencyThreshold {cur['concurrency_threshold']}: "
+                 f"predicted hit rate {cur['predicted_hit_rate']:.1%}, P50 TTFT {_ms(cur['ttft_p50_s'])}")
+    if advice.get("overloaded"):
+        lines.append(f"warning: {advice['overloaded']}")
+    if advice.get("kept_current"):
+        lines.append("best: keep the current settings: every other setting tried is predicted worse on hit rate (by "
+                     f"more than {WORSE_POINTS:g} point) or P50 TTFT (by more than {WORSE_TTFT:.0%}), or no better by "
+                     "the notification bar")
+    else:
+        lines.append(
+            f"best: PrefixLength {best['prefix_length']}, ConcurrencyThreshold {best['concurrency_threshold']}: "
+            f"predicted hit rate {best['predicted_hit_rate']:.1%}, P50 TTFT {_ms(best['ttft_p50_s'])} "
+            f"({advice['gain_points']:+.1f} points, P50 {-advice['ttft_gain']:+.0%})")
+    lines += [
+        f"prefix reuse share: {advice['prefix_reuse_share']:.1%} of requests (the rule of thumb: above 50 %)",
     ]
     if advice["verdict"]:
         lines.append(f"verdict: {advice['verdict']['text']}")
     if advice["better"]:
         lines += ["", "change the stage file (config/<stage>.toml) to:", advice["snippet"].rstrip(),
                   "(a RoutingConfig change replaces the endpoint config: every copy restarts with a cold cache)"]
-    else:
+    elif not advice.get("kept_current"):
         lines.append("the current settings are within the notification bar of the best found: no change")
     return "\n".join(lines)
 

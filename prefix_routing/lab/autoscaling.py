@@ -92,6 +92,7 @@ class CopyPool:
         self.serving_from = [math.inf] * n  # inf: not provisioned
         for g in range(settings.start_copies):
             self.serving_from[g] = 0.0
+        self.ever = set(range(settings.start_copies))  # copy slots provisioned at some time
         self.area = [0.0] * n
         self.last = [0.0] * n
         self.next_tick = settings.period_s
@@ -156,6 +157,7 @@ class CopyPool:
             free = [g for g in range(self.n) if self.serving_from[g] == math.inf][: desired - current]
             for g in free:
                 self.serving_from[g] = t + s.startup_s
+            self.ever.update(free)
             self.last_out = self.last_scale = t
             self.events.append((t, current, desired))
         elif desired < current and t - self.last_scale >= s.scale_in_cooldown_s:

@@ -10,7 +10,7 @@ from typing import Sequence
 CANDIDATE_PREFIX_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 CANDIDATE_THRESHOLDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
 KEY_GROUP_BLOCKS = (1, 2, 4, 8, 16, 32)
-REUSE_CRITERION = 0.5  # the brief: prefix routing pays when more than half the requests reuse a prefix
+REUSE_CRITERION = 0.5  # the rule of thumb: prefix routing pays when more than half the requests reuse a prefix
 SPREAD_SHARE = 0.05  # a key whose largest group is below this share spreads load
 PROGRESS_DELAY_S = 2.0
 _CHUNK = 4096

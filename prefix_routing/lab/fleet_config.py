@@ -87,9 +87,8 @@ class FleetConfig:
             if self.autoscaling.max_copies > self.instances * self.copies:
                 raise UserError(f"autoscaling max_copies={self.autoscaling.max_copies}: more than instances × copies "
                                 f"= {self.instances * self.copies}")
-            if self.strategy is Strategy.KV_AWARE or self.cache_policy != VLLM_BLOCKS:
-                raise UserError("autoscaling: modelled for RANDOM, LEAST_OUTSTANDING_REQUESTS and PREFIX_AWARE with "
-                                "the vllm-blocks cache only")
+            if not autoscaling_modelled(self.strategy, self.cache_policy):
+                raise autoscaling_error([self.strategy], self.cache_policy)
         if self.cache_policy not in CACHE_POLICIES:
             raise UserError(f"cache_policy={self.cache_policy!r}: allowed: {', '.join(CACHE_POLICIES)}")
         if not _number(self.slot_prompt_similarity) or not 0 <= self.slot_prompt_similarity <= 1:
@@ -122,6 +121,23 @@ class FleetConfig:
         return key_blocks(
             self.prefix_length, self.bytes_per_token, self.block_tokens, self.block_bytes, self.key_offset_bytes
         )
+
+
+def autoscaling_modelled(strategy: Strategy, cache_policy: str) -> bool:
+    """Copy autoscaling is modelled for RANDOM, LEAST_OUTSTANDING_REQUESTS and PREFIX_AWARE on the
+    vLLM block cache (KV_AWARE's cost model and llama.cpp's slots do not follow copies that come and go)."""
+    return strategy is not Strategy.KV_AWARE and cache_policy == VLLM_BLOCKS
+
+
+def autoscaling_error(strategies, cache_policy: str) -> UserError:
+    """What to change when autoscaling is on and models none of the run: the cache, or the strategies."""
+    if cache_policy != VLLM_BLOCKS:
+        what, fix = f"with {cache_policy}", f"--cache-policy {VLLM_BLOCKS}, or --autoscaling off"
+    else:
+        what = f"for {', '.join(Strategy.parse(s).value for s in strategies)}"
+        fix = "--strategy PREFIX_AWARE (or RANDOM, LEAST_OUTSTANDING_REQUESTS), or --autoscaling off"
+    return UserError(f"autoscaling: modelled for RANDOM, LEAST_OUTSTANDING_REQUESTS and PREFIX_AWARE with the "
+                     f"{VLLM_BLOCKS} cache only, not {what}: give {fix}")
 
 
 def _number(value) -> bool:

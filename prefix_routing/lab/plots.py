@@ -69,15 +69,23 @@ def plot_simulation(results: Sequence[SimResult], out_dir: str | Path) -> list[P
 
 
 def _plot_autoscaling(results: Sequence[SimResult], path: Path, plt) -> Path:
-    """Copies (provisioned, serving) and per-copy load over time, per strategy, with the hotspot threshold."""
+    return _save(autoscaling_figure(results, plt), path, plt)
+
+
+def autoscaling_figure(results: Sequence[SimResult], plt):
+    """Copies (provisioned, serving) and per-copy load over time, per strategy, with the hotspot
+    threshold: one colour per strategy in both panels (line styles tell the series apart)."""
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    for r in results:
+    for j, r in enumerate(results):
+        color = f"C{j}"
         rows = r.autoscaling["copies_over_time"]
         minutes = [row["t_s"] / 60 for row in rows]
-        top.step(minutes, [row["provisioned"] for row in rows], where="post", label=f"{r.strategy}: provisioned")
-        top.step(minutes, [row["serving"] for row in rows], where="post", linestyle="--", label=f"{r.strategy}: serving")
-        line, = bottom.plot(minutes, [row["busiest_copy"] for row in rows], label=f"{r.strategy}: busiest copy")
-        bottom.plot(minutes, [row["concurrency_per_copy"] for row in rows], color=line.get_color(), alpha=0.5,
+        top.step(minutes, [row["provisioned"] for row in rows], where="post", color=color,
+                 label=f"{r.strategy}: provisioned")
+        top.step(minutes, [row["serving"] for row in rows], where="post", linestyle="--", color=color,
+                 label=f"{r.strategy}: serving")
+        bottom.plot(minutes, [row["busiest_copy"] for row in rows], color=color, label=f"{r.strategy}: busiest copy")
+        bottom.plot(minutes, [row["concurrency_per_copy"] for row in rows], color=color, alpha=0.5,
                     linestyle=":", label=f"{r.strategy}: mean per copy")
     threshold = results[0].autoscaling["hotspot_threshold"]
     bottom.axhline(threshold, color="red", linewidth=0.8, label=f"hotspot threshold ({threshold:g})")
@@ -88,16 +96,22 @@ def _plot_autoscaling(results: Sequence[SimResult], path: Path, plt) -> Path:
     for ax in (top, bottom):
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
-    return _save(fig, path, plt)
+    return fig
 
 
 def plot_tune(result: dict, out_dir: str | Path) -> list[Path]:
     """Heatmap of P50 TTFT over PrefixLength × ConcurrencyThreshold, hit rate in each cell."""
-    import numpy as np
-
     plt = _pyplot()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    return [_save(tune_figure(result, plt), out / "tune_heatmap.png", plt)]
+
+
+def tune_figure(result: dict, plt):
+    """The heatmap; the recommended cell framed in red, its text bold, and a legend that says so."""
+    import numpy as np
+    from matplotlib.patches import Rectangle
+
     pls, ths = result["prefix_lengths"], result["thresholds"]
     # One cell per PrefixLength × threshold: the points without replication when it was swept too.
     grid = {(p["prefix_length"], p["concurrency_threshold"]): p for p in result["points"] if not p.get("replication")}
@@ -113,14 +127,21 @@ def plot_tune(result: dict, out_dir: str | Path) -> list[Path]:
     ax.set_xlabel("ConcurrencyThreshold")
     ax.set_ylabel("PrefixLength (bytes)")
     rec = result["recommendation"]
+    chosen = (rec["prefix_length"], rec["concurrency_threshold"])
     for i, pl in enumerate(pls):
         for j, t in enumerate(ths):
             p = grid[(pl, t)]
-            mark = "*" if (pl, t) == (rec["prefix_length"], rec["concurrency_threshold"]) else ""
             color = "black" if norm(ttft[i, j]) < 0.5 else "white"
-            ax.text(j, i, f"{p['hit_rate']:.0%}{mark}\n{p['max_mean_requests']:.2f}", ha="center", va="center", fontsize=7, color=color)
-    ax.set_title("P50 TTFT; cells: hit rate, max/mean (* recommended)", fontsize=9)
-    return [_save(fig, out / "tune_heatmap.png", plt)]
+            ax.text(j, i, f"{p['hit_rate']:.0%}\n{p['max_mean_requests']:.2f}", ha="center", va="center",
+                    fontsize=8 if (pl, t) == chosen else 7, color=color,
+                    fontweight="bold" if (pl, t) == chosen else "normal")
+    if chosen in grid and chosen[0] in pls and chosen[1] in ths:
+        i, j = pls.index(chosen[0]), ths.index(chosen[1])
+        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=3,
+                               label=f"recommended: {chosen[0]} bytes, threshold {chosen[1]}"))
+        ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), fontsize=8, frameon=False)
+    ax.set_title("P50 TTFT; cells: hit rate, max/mean requests", fontsize=9, pad=22)
+    return fig
 
 
 def _save(fig, path: Path, plt) -> Path:

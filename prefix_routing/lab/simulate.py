@@ -11,7 +11,8 @@ from typing import Sequence
 
 from prefix_routing.lab.common import _CHUNK, _percentiles, _progress
 from prefix_routing.lab.fleet import Fleet
-from prefix_routing.lab.fleet_config import FleetConfig
+from prefix_routing.lab.fleet_config import FleetConfig, autoscaling_error, autoscaling_modelled
+from prefix_routing.lab.overload import WAIT_S
 from prefix_routing.lab.routing import Strategy, routing_key
 from prefix_routing.lab.slot_cache import LLAMACPP_SLOTS
 from prefix_routing.lab.traces import Trace
@@ -49,6 +50,11 @@ class SimResult:
     copy_hours: float = 0.0  # provisioned copies × time (the cost), first arrival to last token
     hotspot_seconds: float = 0.0  # minutes any copy's mean in-flight count was above the hotspot threshold
     autoscaling: dict | None = None  # CopyPool.summary(): events, copies over time, hotspot seconds
+    # Requests that waited more than WAIT_S for a copy beyond their own prefill, or timed out (lab/overload.py).
+    waited_share: float = 0.0
+    # Instances the max/mean figures count: all, or with autoscaling those that held a provisioned copy.
+    max_mean_instances: int = 0
+    notes: list[str] = field(default_factory=list)  # e.g. autoscaling not modelled for this strategy
 
     def as_dict(self) -> dict:
         total_req = sum(self.instance_requests) or 1
@@ -65,8 +71,11 @@ class SimResult:
             "throughput_req_s": self.throughput_req_s,
             "max_mean_requests": self.max_mean_requests,
             "max_mean_tokens": self.max_mean_tokens,
+            "max_mean_instances": self.max_mean_instances,
             "spills": self.spills,
             "timeouts": self.timeouts,
+            "waited_share": self.waited_share,
+            "wait_threshold_s": WAIT_S,
             "misses": self.misses,
             **({"rekeyed_requests": self.rekeyed_requests, "as_sent": self.as_sent}
                if self.rekeyed_requests is not None else {}),
@@ -87,6 +96,7 @@ class SimResult:
                                 "half_life_s": cfg.replication.half_life_s,
                                 "min_requests": cfg.replication.min_requests},
                 "replicated_requests": self.replicated_requests} if cfg.replicating else {}),
+            **({"notes": list(self.notes)} if self.notes else {}),
             "wall_s": self.wall_s,
         }
 
@@ -301,6 +311,20 @@ def _hotspot_seconds(sim: Simulator, arr: list[float], config: FleetConfig) -> f
     return float(len(hot) * period)
 
 
+def _waited_share(sim: Simulator, ttft: list[float], ok: list[bool]) -> float:
+    """The share of requests that waited more than WAIT_S beyond their own prefill on an idle copy
+    (its uncached tokens, one step per chunk, the request overheads), the timed-out ones included."""
+    if not ttft:
+        return 0.0
+    fleet = sim.fleet
+    prefill, overhead = fleet.latency.prefill_s, fleet._ttft_overhead
+    waited = fleet.timeouts
+    for t, p, c, good in zip(ttft, sim.prompts, sim.cached, ok):
+        if good and t - overhead - prefill(p - c, c) > WAIT_S:
+            waited += 1
+    return waited / len(ttft)
+
+
 def _result(sim: Simulator) -> SimResult:
     """The summary of a run, in pure Python (the advisor's Lambda has no numpy)."""
     config, fleet = sim.config, sim.fleet
@@ -320,8 +344,12 @@ def _result(sim: Simulator) -> SimResult:
     rows = fleet.instance_totals()
     req = [r["requests"] for r in rows]
     tok = [r["prompt_tokens"] for r in rows]
-    mean_req = sum(req) / len(req) if req else 0
-    mean_tok = sum(tok) / len(tok) if tok else 0
+    # max/mean over the instances that could serve: with autoscaling, those that held a provisioned
+    # copy at some time (copy slots never provisioned would only lower the mean).
+    counted = sorted({g // config.copies for g in fleet.pool.ever}) if fleet.pool is not None else range(len(rows))
+    req_counted, tok_counted = [req[i] for i in counted], [tok[i] for i in counted]
+    mean_req = sum(req_counted) / len(req_counted) if req_counted else 0
+    mean_tok = sum(tok_counted) / len(tok_counted) if tok_counted else 0
     span = sim.last_finish - (arr[0] if n else 0.0)
     served_out = math.fsum(o for o, good in zip(sim.outputs, ok) if good)
     served = sum(ok)
@@ -365,8 +393,10 @@ def _result(sim: Simulator) -> SimResult:
         instance_requests=req,
         instance_prompt_tokens=tok,
         instance_hit_rates=[r["hit_rate"] for r in rows],
-        max_mean_requests=max(req) / mean_req if mean_req else 0.0,
-        max_mean_tokens=max(tok) / mean_tok if mean_tok else 0.0,
+        max_mean_requests=max(req_counted) / mean_req if mean_req else 0.0,
+        max_mean_tokens=max(tok_counted) / mean_tok if mean_tok else 0.0,
+        max_mean_instances=len(counted),
+        waited_share=_waited_share(sim, ttft, ok),
         spills=fleet.spills,
         timeouts=fleet.timeouts,
         hit_over_time=over_time,
@@ -388,13 +418,38 @@ def simulate_many(
     users: int | None = None,
     as_sent: bool = False,
 ) -> list[SimResult]:
-    """The same trace and fleet under each strategy, with one progress bar for all."""
+    """The same trace and fleet under each strategy, with one progress bar for all. With autoscaling,
+    a strategy it does not model runs at fixed copies (``for_strategy``; its result says so)."""
+    check_autoscaling(config, strategies)
     bar = _progress(len(trace) * len(strategies), "simulate", progress)
     try:
-        return [
-            simulate(trace, replace(config, strategy=s), speed=speed, bar=bar, users=users, as_sent=as_sent)
-            for s in strategies
-        ]
+        results = []
+        for s in strategies:
+            cfg = for_strategy(config, s)
+            result = simulate(trace, cfg, speed=speed, bar=bar, users=users, as_sent=as_sent)
+            if config.autoscaling is not None and cfg.autoscaling is None:
+                result.notes.append(fixed_copies_note(s, cfg))
+            results.append(result)
+        return results
     finally:
         if bar is not None:
             bar.close()
+
+
+def for_strategy(config: FleetConfig, strategy: Strategy) -> FleetConfig:
+    """The config for one strategy: autoscaling off (all copies, fixed) where it is not modelled."""
+    if config.autoscaling is not None and not autoscaling_modelled(strategy, config.cache_policy):
+        return replace(config, strategy=strategy, autoscaling=None)
+    return replace(config, strategy=strategy)
+
+
+def fixed_copies_note(strategy: Strategy, config: FleetConfig) -> str:
+    return (f"{strategy.value}: autoscaling is not modelled for it: it ran on all {config.total_copies} copies, "
+            "fixed, while the others scaled; its figures are those of the fleet at its largest")
+
+
+def check_autoscaling(config: FleetConfig, strategies: Sequence[Strategy]) -> None:
+    """With autoscaling on, at least one strategy it models (else the run would model none of it)."""
+    if config.autoscaling is None or any(autoscaling_modelled(s, config.cache_policy) for s in strategies):
+        return
+    raise autoscaling_error(strategies, config.cache_policy)

@@ -15,165 +15,46 @@ Three sources, one result (``Trace``: arrival times, prompt and output tokens, c
 Nothing is dropped silently. A line that cannot be read is skipped and recorded in
 ``Trace.skipped`` (a count per reason and the first few line numbers); with ``strict=True`` the
 first such line raises ``UserError`` naming the file and line instead. Unreadable input (missing
-file, no request at all) always raises ``UserError``.
+file, no request at all) always raises ``UserError``. Every count, size and time read is bounded
+(:mod:`.limits`): a value beyond its bound skips its line the same way, with a reason naming both.
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
-import io
 import json
 import math
 import os
-from collections import Counter
-from dataclasses import dataclass, field
-from typing import Hashable, Iterable, Iterator
+from typing import Iterator
 
+from prefix_routing.lab import limits
 from prefix_routing.lab.misses import ClientKey
+# Trace and Skipped are this module's results: importable from here, as they always were.
+from prefix_routing.lab.trace_data import (  # noqa: F401
+    EXAMPLES_KEPT,
+    MOONCAKE_BLOCK_TOKENS,
+    Skipped,
+    Trace,
+    _Collector,
+    _is_int,
+    _is_number,
+)
 from prefix_routing.rules.errors import UserError
 from prefix_routing.rules.telemetry import REQUEST_LOG_MESSAGE, LogField
 
-MOONCAKE_BLOCK_TOKENS = 512
-EXAMPLES_KEPT = 5
 DEFAULT_OUTPUT_TOKENS = 256  # bodies that do not say how many tokens they want
-
-
-@dataclass
-class Skipped:
-    """Lines not turned into requests: a count per reason and the first examples."""
-
-    reasons: Counter = field(default_factory=Counter)
-    examples: list[str] = field(default_factory=list)  # "FILE:LINE: reason"
-    ignored: Counter = field(default_factory=Counter)  # not request lines at all (log reader)
-
-    @property
-    def count(self) -> int:
-        return sum(self.reasons.values())
-
-    def add(self, where: str, reason: str, detail: str = "") -> None:
-        self.reasons[reason] += 1
-        if len(self.examples) < EXAMPLES_KEPT:
-            self.examples.append(f"{where}: {reason}{': ' + detail if detail else ''}")
-
-    def summary(self, lines: int | None = None) -> str:
-        parts = []
-        if self.reasons:
-            total = f" of {lines:,} lines" if lines is not None else ""
-            parts.append(
-                f"skipped {self.count:,}{total}: "
-                + ", ".join(f"{n:,} {reason}" for reason, n in self.reasons.most_common())
-            )
-        if self.ignored:
-            parts.append(
-                "ignored "
-                + ", ".join(f"{n:,} {reason}" for reason, n in self.ignored.most_common())
-            )
-        return "; ".join(parts)
-
-    def as_dict(self) -> dict:
-        return {
-            "count": self.count,
-            "reasons": dict(self.reasons),
-            "examples": list(self.examples),
-            "ignored": dict(self.ignored),
-        }
-
-
-@dataclass
-class Trace:
-    """Requests in arrival order, in columns (the simulator's inner loop reads lists, not objects).
-
-    ``blocks[i]`` are chained block ids (equal id = equal prefix up to and including that block),
-    interned to ints. A block is ``block_tokens`` tokens of the prompt; when the ids hash bytes of
-    the normalized body (the normalizer's log, raw bodies) ``block_bytes`` says how many.
-    """
-
-    arrivals: list[float]  # seconds from the first arrival
-    prompt_tokens: list[int]
-    output_tokens: list[int]
-    blocks: list[list[int]]
-    block_tokens: float = MOONCAKE_BLOCK_TOKENS
-    block_bytes: float | None = None
-    routing_ids: list[str | None] | None = None  # PrefixAwareId per request
-    # Requests whose client bytes keyed routing differently from the normalized body (the log's
-    # ``rekeyed``; computed for raw bodies), and for raw bodies the key of the bytes as sent.
-    rekeyed: list[bool] | None = None
-    raw_keys: list | None = None
-    # The request log's measured cached tokens (None where the model reported none): the hit rate
-    # production had, against which the lab's prediction for the same window is judged.
-    cached_tokens: list[int | None] | None = None
-    source: str = ""
-    lines: int = 0  # lines (or log events) read
-    skipped: Skipped = field(default_factory=Skipped)
-    notes: list[str] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.arrivals)
-
-    @property
-    def duration_s(self) -> float:
-        return self.arrivals[-1] - self.arrivals[0] if self.arrivals else 0.0
-
-    def measured_hit_rate(self) -> float | None:
-        """Cached ÷ prompt tokens over the requests whose log line reports both (None: none does)."""
-        if not self.cached_tokens:
-            return None
-        pairs = [(c, p) for c, p in zip(self.cached_tokens, self.prompt_tokens) if c is not None]
-        prompt = sum(p for _, p in pairs)
-        return sum(c for c, _ in pairs) / prompt if prompt else None
-
-    def head(self, n: int) -> "Trace":
-        """The first n requests (a quick look, or a fast test)."""
-        return Trace(
-            self.arrivals[:n],
-            self.prompt_tokens[:n],
-            self.output_tokens[:n],
-            self.blocks[:n],
-            self.block_tokens,
-            self.block_bytes,
-            self.routing_ids[:n] if self.routing_ids else None,
-            self.rekeyed[:n] if self.rekeyed else None,
-            self.raw_keys[:n] if self.raw_keys else None,
-            self.cached_tokens[:n] if self.cached_tokens else None,
-            self.source,
-            self.lines,
-            self.skipped,
-            list(self.notes),
-        )
-
-    def replay(self, times: int, gap_s: float | None = None) -> "Trace":
-        """The trace ``times`` times in a row; every copy gets fresh block ids and later times.
-
-        Each replay shares nothing with the others (ids shifted by the largest id + 1), so a cache
-        warmed by one replay does not help the next: the simulated load is the trace's, repeated.
-        """
-        gap = (self.duration_s / max(1, len(self) - 1)) if gap_s is None else gap_s
-        span = self.duration_s + gap
-        shift = 1 + max((max(b) for b in self.blocks if b), default=0)
-        arrivals, prompt, output, blocks, ids, rekeyed = [], [], [], [], [], []
-        for r in range(times):
-            offset_t, offset_id = r * span, r * shift
-            arrivals.extend(t + offset_t for t in self.arrivals)
-            prompt.extend(self.prompt_tokens)
-            output.extend(self.output_tokens)
-            blocks.extend([b + offset_id for b in bl] for bl in self.blocks)
-            if self.routing_ids:
-                ids.extend(self.routing_ids)
-            if self.rekeyed:
-                rekeyed.extend(self.rekeyed)
-        # Raw keys are not shifted like block ids: a replay is not routed as sent.
-        return Trace(
-            arrivals, prompt, output, blocks, self.block_tokens, self.block_bytes, ids or None, rekeyed or None,
-            source=f"{self.source} ×{times}", lines=self.lines * times, skipped=self.skipped,
-        )
 
 
 # --------------------------------------------------------------------------- shared helpers
 
 
-def _open_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
-    """(line number, text) of a text file, ``.gz`` allowed. Missing file: UserError."""
+LINE_TOO_LONG = f"line longer than {limits.MAX_LINE_BYTES:,} bytes"
+
+
+def _open_lines(path: str | os.PathLike) -> Iterator[tuple[int, str | None]]:
+    """(line number, text) of a text file, ``.gz`` allowed; text None for a line longer than
+    ``limits.MAX_LINE_BYTES`` (read past in bounded pieces, never held whole). Missing file: UserError."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise UserError(f"trace file not found: {path}")
@@ -183,69 +64,17 @@ def _open_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
         raw = gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
     except OSError as error:
         raise UserError(f"cannot read trace file {path}: {error.strerror or error}") from None
-    with raw, io.TextIOWrapper(raw, encoding="utf-8", errors="replace") as text:
-        yield from enumerate(text, start=1)
-
-
-class _Collector:
-    """Accumulates requests, skips and the strict-mode failure for one reader."""
-
-    def __init__(self, source: str, strict: bool):
-        self.source, self.strict = source, strict
-        self.skipped = Skipped()
-        self.rows: list[tuple] = []
-        self.lines = 0
-        self.ids: dict[Hashable, int] = {}
-
-    def skip(self, where: str, reason: str, detail: str = "") -> None:
-        if self.strict:
-            raise UserError(f"{where}: {reason}{': ' + detail if detail else ''} (--strict)")
-        self.skipped.add(where, reason, detail)
-
-    def intern(self, values: Iterable[Hashable]) -> list[int]:
-        ids = self.ids
-        out = []
-        for v in values:
-            i = ids.get(v)
-            if i is None:
-                i = ids[v] = len(ids)
-            out.append(i)
-        return out
-
-    def build(self, block_tokens: float, block_bytes: float | None, with_ids: bool) -> Trace:
-        if not self.rows:
-            detail = f" ({self.skipped.summary(self.lines)})" if self.skipped.count or self.skipped.ignored else ""
-            raise UserError(f"{self.source}: no requests found{detail}")
-        notes = []
-        if any(self.rows[i][0] > self.rows[i + 1][0] for i in range(len(self.rows) - 1)):
-            self.rows.sort(key=lambda row: row[0])  # stable: equal times keep file order
-            notes.append("requests were not in arrival order; sorted by time")
-        t0 = self.rows[0][0]
-        return Trace(
-            arrivals=[row[0] - t0 for row in self.rows],
-            prompt_tokens=[row[1] for row in self.rows],
-            output_tokens=[row[2] for row in self.rows],
-            blocks=[row[3] for row in self.rows],
-            block_tokens=block_tokens,
-            block_bytes=block_bytes,
-            routing_ids=[row[4] for row in self.rows] if with_ids else None,
-            # Rows may carry (…, rekeyed, raw key): the request log's flag, raw bodies' both.
-            rekeyed=[bool(row[5]) for row in self.rows] if any(len(row) > 5 and row[5] is not None for row in self.rows) else None,
-            raw_keys=[row[6] for row in self.rows] if any(len(row) > 6 and row[6] is not None for row in self.rows) else None,
-            cached_tokens=[row[7] for row in self.rows] if any(len(row) > 7 and row[7] is not None for row in self.rows) else None,
-            source=self.source,
-            lines=self.lines,
-            skipped=self.skipped,
-            notes=notes,
-        )
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    limit = limits.MAX_LINE_BYTES
+    with raw as lines:  # both buffered: readline(limit) reads at most limit bytes
+        lineno = 0
+        while line := lines.readline(limit + 1):
+            lineno += 1
+            if len(line) > limit:
+                while not line.endswith(b"\n") and (line := lines.readline(1 << 20)):
+                    pass
+                yield lineno, None
+                continue
+            yield lineno, line.decode("utf-8", errors="replace")
 
 
 def _json_object(text: str):
@@ -263,10 +92,13 @@ def _json_records(c: "_Collector", path: str | os.PathLike) -> Iterator[tuple[st
     """(``file:line``, text, object) of each JSON-object line; blank lines pass, broken ones are
     counted and reported through the collector (or fail it, when strict)."""
     for lineno, text in _open_lines(path):
-        if not text.strip():
+        if text is not None and not text.strip():
             continue
         c.lines += 1
         where = f"{c.source}:{lineno}"
+        if text is None:
+            c.skip(where, LINE_TOO_LONG)
+            continue
         obj, error = _json_object(text)
         if error:
             c.skip(where, "invalid JSON line" if error.startswith("invalid") else "not a JSON object", error)
@@ -288,10 +120,16 @@ def read_mooncake(path: str | os.PathLike, *, strict: bool = False, block_tokens
         ts, prompt, output, ids = obj["timestamp"], obj["input_length"], obj["output_length"], obj["hash_ids"]
         if not _is_number(ts) or ts < 0:
             c.skip(where, "bad 'timestamp'", f"{ts!r} is not a number >= 0")
+        elif ts > limits.latest_ms():
+            c.skip(where, "'timestamp' more than a day in the future", f"{ts!r} ms")
         elif not _is_int(prompt) or prompt < 0:
             c.skip(where, "bad 'input_length'", f"{prompt!r} is not an integer >= 0")
+        elif problem := limits.count_problem("input_length", prompt, limits.MAX_PROMPT_TOKENS):
+            c.skip(where, problem, repr(prompt))
         elif not _is_int(output) or output < 0:
             c.skip(where, "bad 'output_length'", f"{output!r} is not an integer >= 0")
+        elif problem := limits.count_problem("output_length", output, limits.MAX_OUTPUT_TOKENS):
+            c.skip(where, problem, repr(output))
         elif not isinstance(ids, list) or not all(_is_int(i) for i in ids):
             c.skip(where, "bad 'hash_ids'", "not a list of integers")
         elif len(ids) != math.ceil(prompt / block_tokens):
@@ -301,7 +139,7 @@ def read_mooncake(path: str | os.PathLike, *, strict: bool = False, block_tokens
                 f"{len(ids)} ids for {prompt} tokens, expected {math.ceil(prompt / block_tokens)}",
             )
         else:
-            c.rows.append((ts / 1000.0, prompt, output, ids, None))
+            c.add(where, (ts / 1000.0, prompt, output, ids, None))
     return c.build(block_tokens, None, with_ids=False)
 
 
@@ -330,20 +168,33 @@ def _log_record(c: _Collector, where: str, text: str, state: dict, bytes_per_tok
     if not _is_number(ts):
         c.skip(where, f"missing or bad {F.TIMESTAMP_MS!r}", repr(obj.get(F.TIMESTAMP_MS)))
         return
-    hashes = obj.get(F.BLOCK_HASHES)
-    if not isinstance(hashes, list) or not all(isinstance(h, (str, int)) and not isinstance(h, bool) for h in hashes):
-        c.skip(where, f"missing or bad {F.BLOCK_HASHES!r}", "expected a list of strings")
+    if problem := limits.epoch_ms_problem(F.TIMESTAMP_MS, ts):
+        c.skip(where, problem, repr(ts))
         return
     block_bytes = obj.get(F.BLOCK_BYTES)
-    if not _is_int(block_bytes) or block_bytes <= 0:
-        c.skip(where, f"missing or bad {F.BLOCK_BYTES!r}", repr(block_bytes))
+    low, high = limits.BLOCK_BYTES_RANGE
+    if not _is_int(block_bytes) or not low <= block_bytes <= high:
+        c.skip(where, f"missing or bad {F.BLOCK_BYTES!r}", f"{block_bytes!r} (allowed: {low} to {high:,})")
+        return
+    hashes = obj.get(F.BLOCK_HASHES)
+    if not isinstance(hashes, list):
+        c.skip(where, f"missing or bad {F.BLOCK_HASHES!r}", "expected a list of strings")
+        return
+    if problem := limits.count_problem(f"{F.BLOCK_HASHES} count", len(hashes), limits.max_block_hashes(block_bytes)):
+        c.skip(where, problem, f"{len(hashes):,} hashes of {block_bytes} bytes: more than a 6 MiB body has")
+        return
+    if not all(isinstance(h, (str, int)) and not isinstance(h, bool) for h in hashes):
+        c.skip(where, f"missing or bad {F.BLOCK_HASHES!r}", "expected a list of strings")
         return
     if state.setdefault("block_bytes", block_bytes) != block_bytes:
         c.skip(where, f"{F.BLOCK_BYTES!r} differs from the first line's", f"{block_bytes} != {state['block_bytes']}")
         return
     prompt = obj.get(F.PROMPT_TOKENS)
+    body = obj.get(F.BODY_BYTES)
+    if _is_int(body) and (problem := limits.count_problem(F.BODY_BYTES, body, limits.MAX_BODY_BYTES)):
+        c.skip(where, problem, repr(body))
+        return
     if prompt is None:
-        body = obj.get(F.BODY_BYTES)
         if _is_int(body) and body >= 0:
             prompt = math.ceil(body / bytes_per_token)
         else:
@@ -352,18 +203,24 @@ def _log_record(c: _Collector, where: str, text: str, state: dict, bytes_per_tok
     if not _is_int(prompt) or prompt < 0:
         c.skip(where, f"bad {F.PROMPT_TOKENS!r}", repr(prompt))
         return
+    if problem := limits.count_problem(F.PROMPT_TOKENS, prompt, limits.MAX_PROMPT_TOKENS):
+        c.skip(where, problem, repr(prompt))
+        return
     output = obj.get(F.OUTPUT_TOKENS, 0)
     if output is None:
         output = 0
     if not _is_int(output) or output < 0:
         c.skip(where, f"bad {F.OUTPUT_TOKENS!r}", repr(output))
         return
+    if problem := limits.count_problem(F.OUTPUT_TOKENS, output, limits.MAX_OUTPUT_TOKENS):
+        c.skip(where, problem, repr(output))
+        return
     routing_id = obj.get(F.ROUTING_ID)
     if routing_id is not None and not isinstance(routing_id, str):
         routing_id = str(routing_id)
     rekeyed = obj.get(F.REKEYED)  # absent in logs written before the front door judged it
     cached = obj.get(F.CACHED_TOKENS)  # None when the model reported no usage
-    c.rows.append((ts / 1000.0, prompt, output, c.intern(hashes), routing_id,
+    c.add(where, (ts / 1000.0, prompt, output, c.intern(hashes), routing_id,
                    rekeyed if isinstance(rekeyed, bool) else None, None,
                    min(cached, prompt) if _is_int(cached) and cached >= 0 else None))
 
@@ -386,9 +243,12 @@ def read_request_log(path: str | os.PathLike, *, strict: bool = False, bytes_per
     source = os.fspath(path)
     c, state = _Collector(source, strict), {}
     for lineno, text in _open_lines(path):
-        if not text.strip():
+        if text is not None and not text.strip():
             continue
         c.lines += 1
+        if text is None:
+            c.skip(f"{source}:{lineno}", LINE_TOO_LONG)
+            continue
         _log_record(c, f"{source}:{lineno}", text, state, bytes_per_token)
     return _finish_log(c, state, bytes_per_token)
 
@@ -440,6 +300,7 @@ def read_cloudwatch(
         raise UserError(f"{source}: {error}") from None
     trace = _finish_log(c, state, bytes_per_token)
     if cut_at is not None:
+        trace.sampled = f"read the first {max_events:,} events only"
         trace.notes.append(f"read the first {max_events:,} events only (the bound): the window was cut at "
                            f"epoch ms {cut_at}, {int(end_ms) - int(cut_at or end_ms):,} ms before its end")
     return trace
@@ -448,14 +309,55 @@ def read_cloudwatch(
 # --------------------------------------------------------------------------- raw request bodies
 
 
-def _output_tokens(body: dict) -> int:
+def _output_tokens(body: dict) -> tuple[str, int]:
+    """(the field it came from, the output tokens a body asks for)."""
     for key in ("max_tokens", "max_completion_tokens", "max_new_tokens"):
         if _is_int(body.get(key)):
-            return body[key]
+            return key, body[key]
     params = body.get("parameters")
     if isinstance(params, dict) and _is_int(params.get("max_new_tokens")):
-        return params["max_new_tokens"]
-    return DEFAULT_OUTPUT_TOKENS
+        return "parameters.max_new_tokens", params["max_new_tokens"]
+    return "max_tokens", DEFAULT_OUTPUT_TOKENS
+
+
+def _raw_bodies(c: _Collector, path: str | os.PathLike) -> Iterator[tuple[str, bytes, dict, int]]:
+    """(``file:line``, the body's bytes as sent, its JSON, the output tokens it asks for) of each
+    line; a count out of bounds skips its line."""
+    for where, text, obj in _json_records(c, path):
+        asked, output = _output_tokens(obj)
+        if output < 0:
+            c.skip(where, f"bad {asked!r}", f"{output!r} is not an integer >= 0")
+        elif problem := limits.count_problem(asked, output, limits.MAX_OUTPUT_TOKENS):
+            c.skip(where, problem, repr(output))
+        else:
+            yield where, text.strip().encode("utf-8"), obj, output
+
+
+def count_lines(path: str | os.PathLike) -> int:
+    """The non-blank lines of a file (read in bounded pieces)."""
+    return sum(1 for _, text in _open_lines(path) if text is None or text.strip())
+
+
+class RawBodyReader:
+    """The raw bodies of a file one at a time, as clients sent them (unnormalized), bounded as
+    :func:`read_bodies` reads them: iterate for (``file:line``, bytes, output tokens); then
+    ``skipped`` and ``lines`` say what was left out. Nothing is held but the current line."""
+
+    def __init__(self, path: str | os.PathLike, *, strict: bool = False) -> None:
+        self.path = path
+        self._c = _Collector(os.fspath(path), strict)
+
+    def __iter__(self) -> Iterator[tuple[str, bytes, int]]:
+        for where, raw, _, output in _raw_bodies(self._c, self.path):
+            yield where, raw, output
+
+    @property
+    def skipped(self) -> Skipped:
+        return self._c.skipped
+
+    @property
+    def lines(self) -> int:
+        return self._c.lines
 
 
 def read_bodies(
@@ -485,12 +387,12 @@ def read_bodies(
         if block_bytes is not None:
             kwargs["block_bytes"] = block_bytes
         settings = normalize.NormalizerSettings(**kwargs)
-    if not rate > 0:
-        raise UserError(f"rate={rate}: must be > 0")
+    low, high = limits.BODY_RATE_RANGE
+    if not low <= rate <= high:
+        raise UserError(f"body rate {rate!r} (--body-rate): must be from {low:g} to {high:,.0f} requests per second")
     c = _Collector(os.fspath(path), strict)
     size = None
-    for where, text, obj in _json_records(c, path):
-        raw = text.strip().encode("utf-8")
+    for where, raw, _, output in _raw_bodies(c, path):
         try:
             result = normalize.normalize_body(raw, settings)
         except ValueError as error:  # NormalizationError: the body breaks a rule
@@ -504,13 +406,16 @@ def read_bodies(
             # whole body, so that bodies shorter than a routing key still have distinct keys.
             ids.append("tail:" + hashlib.sha256(body).hexdigest()[:16])
         prompt = math.ceil(len(body) / bytes_per_token)
+        if problem := limits.count_problem("prompt tokens", prompt, limits.MAX_PROMPT_TOKENS):
+            c.skip(where, problem, f"{len(body):,} bytes at {bytes_per_token:g} bytes per token")
+            continue
         arrival = len(c.rows) / rate
         # The client's own first PrefixLength bytes against the normalized ones (the front door's
         # RekeyedRequests); the raw key is what routing as sent, with no front door, would use.
         head = raw[: settings.prefix_length]
         rekeyed = head != body[: settings.prefix_length]
         raw_key = ClientKey(("as-sent", hashlib.sha256(head).hexdigest()[:16])) if rekeyed else None
-        c.rows.append((arrival, prompt, _output_tokens(obj), c.intern(ids), None, rekeyed, raw_key))
+        c.add(where, (arrival, prompt, output, c.intern(ids), None, rekeyed, raw_key))
     size = size or settings.block_bytes
     return c.build(size / bytes_per_token, size, with_ids=False)
 
@@ -524,7 +429,7 @@ FORMATS = ("auto", "mooncake", "log", "bodies")
 def sniff_format(path: str | os.PathLike) -> str:
     """Guess the format from the first JSON line: Mooncake, the request log, or raw bodies."""
     for _, text in _open_lines(path):
-        if not text.strip():
+        if text is None or not text.strip():
             continue
         obj, error = _json_object(text)
         if error:

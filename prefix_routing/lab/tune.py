@@ -8,7 +8,7 @@ from typing import Sequence
 from prefix_routing.lab.common import CANDIDATE_PREFIX_LENGTHS, CANDIDATE_THRESHOLDS, _progress
 from prefix_routing.lab.fleet_config import FleetConfig
 from prefix_routing.lab.routing import CONCURRENCY_THRESHOLD_RANGE, PREFIX_LENGTH_RANGE, Strategy
-from prefix_routing.lab.simulate import SimResult, config_for_trace, simulate, trace_keys
+from prefix_routing.lab.simulate import SimResult, config_for_trace, for_strategy, simulate, trace_keys
 from prefix_routing.lab.traces import Trace
 from prefix_routing.rules.errors import UserError
 from prefix_routing.rules.replication import ReplicationSettings
@@ -61,7 +61,7 @@ def tune(
     try:
         baseline_rows = []
         for s in baselines:
-            r = simulate(trace, replace(config, strategy=s), speed=speed, bar=bar)
+            r = simulate(trace, for_strategy(config, s), speed=speed, bar=bar)  # fixed copies if not modelled
             baseline_rows.append(_point(r, None))
         cache: dict[tuple, SimResult] = {}
         for k, pl in by_blocks.items():
@@ -149,6 +149,7 @@ def _point(r: SimResult, prefix_length: int | None) -> dict:
         "max_mean_requests": r.max_mean_requests,
         "spills": r.spills,
         "timeouts": r.timeouts,
+        "waited_share": r.waited_share,
         # None: off; else the target share factor (fair shares above which a prefix is replicated)
         "replication": r.config.replication.target_share_factor if r.config.replicating else None,
         "replicated_requests": r.replicated_requests,

@@ -1,10 +1,10 @@
 """One verdict on whether prefix-aware routing pays, from the simulated gain against RANDOM.
 
-The brief's rule of thumb ("more than 50 % of requests reuse a prefix") is a proxy: on the public
-Mooncake trace only 44.6 % of requests reuse one, yet PREFIX_AWARE caches 59 % of the tokens
-against RANDOM's 13 %. So ``analyze``, ``tune`` and the advisor decide from what the fleet model
-gives (the hit-rate gain in points, the P50 TTFT gain) and show the reuse share beside it as the
-brief's criterion, not as the answer.
+The rule of thumb ("prefix-aware routing pays when more than 50 % of requests reuse a prefix") is a
+proxy: on the public Mooncake trace only 44.6 % of requests reuse one, yet PREFIX_AWARE caches 59 %
+of the tokens against RANDOM's 13 %. So ``analyze``, ``tune`` and the advisor decide from what the
+fleet model gives (the hit-rate gain in points, the P50 TTFT gain) and show the reuse share beside
+it as the rule of thumb, not as the answer.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ def routing_verdict(*, prefix_aware: dict, random: dict, reuse_share: float) -> 
                  "RANDOM or LEAST_OUTSTANDING_REQUESTS will do as well")
     met = reuse_share > REUSE_CRITERION
     criterion = (
-        f"the brief's criterion: {reuse_share:.1%} of requests reuse a prefix seen before "
-        f"({'above' if met else 'not above'} its {REUSE_CRITERION:.0%} rule of thumb"
+        f"the rule of thumb: {reuse_share:.1%} of requests reuse a prefix seen before "
+        f"({'above' if met else 'not above'} its {REUSE_CRITERION:.0%}"
         + ("" if met == pays else "; the simulation decides") + ")"
     )
     return {

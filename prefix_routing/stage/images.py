@@ -74,6 +74,14 @@ def render(images: list[Image], *, pinned_repository: str, pinned_tag: str) -> s
         mark = "*" if (image.repository, image.tag) == (pinned_repository, pinned_tag) else " "
         lines.append(f"{image.sdk_framework:<14} {image.version:<9} {mark} {image.uri}")
     if not any((i.repository, i.tag) == (pinned_repository, pinned_tag) for i in images):
-        lines.append(f"the stage's pin {pinned_repository}:{pinned_tag} is not in the SDK's table: "
-                     "check it with `python -m prefix_routing verify` (model image) or re-pin model.image_tag")
+        registry = images[0].uri.split("/", 1)[0] if images else "<registry>"
+        lines += [
+            f"the stage's pin {pinned_repository}:{pinned_tag} is not in the SDK's table: not blocking. Synth and "
+            "deploy never read this table, which lists only the images this SDK version knows (a registry "
+            "holds tags an SDK release does not list).",
+            f"what to check: that the tag exists in the region's registry, {registry}/{pinned_repository}:{pinned_tag} "
+            "(`docker manifest inspect` after `aws ecr get-login-password`), or after deploying `python -m "
+            "prefix_routing verify --stage <name>` (model image; the endpoint's InService status shows it was "
+            "pulled); to move to a listed image, re-pin model.image_tag.",
+        ]
     return "\n".join(lines)

@@ -103,3 +103,50 @@ def test_an_empty_window_advises_nothing_and_publishes_nothing(aws):
 def test_configuration_errors_name_the_variable(change, message):
     with pytest.raises(ConfigurationError, match=message):
         AdvisorConfig.from_env({**ENV, **change})
+
+
+class _Deadline:
+    """Fail, instead of hanging, if the block runs longer than ``seconds`` (SIGALRM, main thread)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __enter__(self):
+        import signal
+
+        def expired(signum, frame):
+            raise TimeoutError(f"still running after {self.seconds:g} s")
+
+        self._previous = signal.signal(signal.SIGALRM, expired)
+        signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, self._previous)
+
+
+def test_a_hostile_log_line_is_skipped_by_name_and_the_run_finishes(monkeypatch):
+    # One line anyone who can call the front door could cause to be written: output_tokens 10**12.
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    F = telemetry.LogField
+    lines = [{F.MESSAGE: telemetry.REQUEST_LOG_MESSAGE, F.TIMESTAMP_MS: T0_MS + 1000 * i, F.STATUS: 200,
+              F.BLOCK_HASHES: ["00aa", f"{i:04x}"], F.BLOCK_BYTES: 2048, F.PROMPT_TOKENS: 1024,
+              F.OUTPUT_TOKENS: 10**12 if i == 7 else 100} for i in range(40)]
+    with moto.mock_aws():
+        logs = boto3.client("logs", region_name="us-east-1")
+        logs.create_log_group(logGroupName=GROUP)
+        logs.create_log_stream(logGroupName=GROUP, logStreamName="s")
+        logs.put_log_events(logGroupName=GROUP, logStreamName="s", logEvents=[
+            {"timestamp": line[F.TIMESTAMP_MS], "message": json.dumps(line)} for line in lines])
+        cloudwatch, cw_stub = stubbed("cloudwatch")
+        cw_stub.add_response("put_metric_data", {}, {"Namespace": telemetry.NAMESPACE, "MetricData": ANY})
+        with cw_stub, _Deadline(120):
+            result = run_once(AdvisorConfig.from_env({**ENV, "ALARM_TOPIC_ARN": "", "STATE_PARAMETER": ""}),
+                              Clients(logs=logs, cloudwatch=cloudwatch, sagemaker=None), T0_MS + 60_000)
+    assert result["advised"] and result["requests"] == 39
+    assert result["skipped"]["reasons"] == {"'output_tokens' above 1,000,000": 1}

@@ -10,7 +10,6 @@ from prefix_routing.cli.advise import parse_age
 from prefix_routing.cli.main import main
 from prefix_routing.rules.errors import UserError
 from tests.conftest import MOONCAKE_SLICE
-from tests.prefix_routing.lab.test_advisor import front_door_log
 
 STAGE = (
     '[model]\nframework = "vllm"\nimage_repository = "vllm"\nimage_tag = "v1"\n'
@@ -29,8 +28,10 @@ def stages(tmp_path, monkeypatch):
     monkeypatch.setattr(stage_config, "load_stage", lambda name: real_load(name, config_dir=tmp_path))
     for pl in (1024, 8192):
         (tmp_path / f"pl{pl}.toml").write_text(STAGE.replace("PL", str(pl)))
-    records = [json.loads(line) for line in MOONCAKE_SLICE.read_text().splitlines()[:300]]
-    front_door_log(tmp_path / "log.jsonl", records, prefix_length=1024)
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(line + "\n" for line in MOONCAKE_SLICE.read_text().splitlines()[:300]))
+    # The request log the front door writes for it, at PrefixLength 1024 (the `log` command).
+    assert main(["log", "--trace", str(trace), "--out", str(tmp_path / "log.jsonl"), "--stage", "pl1024"]) == 0
     return tmp_path
 
 

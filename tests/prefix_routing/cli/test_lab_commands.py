@@ -410,7 +410,7 @@ def test_analyze_gives_the_simulations_verdict_with_the_reuse_share_beside_it(ca
 def test_analyze_and_tune_say_prefix_aware_routing_pays_on_the_mooncake_trace(capsys):
     # docs/lab.md: on the whole trace PREFIX_AWARE caches 37.4 % of tokens against RANDOM's 13.7 %.
     code, out, _ = run(capsys, "analyze", require_shared_trace())
-    assert code == 0 and "verdict: prefix-aware routing pays here" in out and "the brief's criterion" in out
+    assert code == 0 and "verdict: prefix-aware routing pays here" in out and "the rule of thumb" in out
     code, out, err = run(capsys, "tune", str(MOONCAKE_SLICE), "--json", "--no-plots", "--instances", "4",
                          "--prefix-length", "4096", "--concurrency-threshold", "8")
     assert code == 0, err

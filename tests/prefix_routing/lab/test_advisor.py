@@ -14,6 +14,7 @@ from prefix_routing import frontdoor
 from prefix_routing.lab import advisor, traces
 from prefix_routing.lab.bodies import chat_body
 from prefix_routing.lab.fleet_config import FleetConfig
+from prefix_routing.lab.traces import Trace
 from prefix_routing.rules import NormalizerSettings
 from prefix_routing.rules.telemetry import LogField
 from tests.conftest import MOONCAKE_SLICE
@@ -138,3 +139,80 @@ def test_no_threshold_below_the_scaling_target_is_recommended(window):
     advice = advisor.advise(window, fleet(1024), prefix_lengths=(1024, 4096), thresholds=(1, 2, 4, 8, 1024),
                             min_threshold=4)
     assert advice["best"]["concurrency_threshold"] >= 4
+
+
+def test_an_overloaded_fleet_is_said_before_its_hit_rates(window):
+    # At PrefixLength 1024 all 600 requests go to one of the four copies: they queue, and some time out.
+    advice = advisor.advise(window, fleet(1024), thresholds=(1024,))
+    assert advice["overloaded"].startswith("the modelled fleet is overloaded: ")
+    assert "of 600 timed out after 60 s" in advice["overloaded"]
+    text = advisor.render(advice)
+    assert f"warning: {advice['overloaded']}" in text
+    assert text.index("warning: the modelled fleet") < text.index("best:")
+    # Spread over the four copies, fewer than half the requests wait and none times out.
+    assert advisor.advise(window, fleet(8192), thresholds=(1024,))["overloaded"] is None
+
+
+def chain_window() -> Trace:
+    """49 requests, each a chain of 1 to 5 shared blocks: every PrefixLength caches about the same,
+    and the tune rule's pick (the least imbalanced, none being under 1.2) caches less than now."""
+    n = 49
+    return Trace([float(i) for i in range(n)], [(i % 5 + 1) * 512 for i in range(n)], [100] * n,
+                 [list(range(i % 5 + 1)) for i in range(n)], block_tokens=512, block_bytes=2048, source="chain")
+
+
+def test_settings_predicted_worse_than_now_are_never_recommended():
+    config = FleetConfig(instances=3, preset="g6e.xlarge-llama3.1-8b", prefix_length=4096, concurrency_threshold=10,
+                         block_tokens=512, block_bytes=2048)
+    window = chain_window()
+    # What the tune rule alone would pick here: PrefixLength 8192, 2 points of hit rate below now.
+    from prefix_routing.lab.tune import tune
+
+    picked = tune(window, config, prefix_lengths=(4096, 8192), thresholds=(10,), baselines=())["recommendation"]
+    assert picked["prefix_length"] == 8192
+    assert picked["hit_rate"] < advisor.advise(window, config, min_threshold=4)["current"]["predicted_hit_rate"] - 0.01
+    advice = advisor.advise(window, config, min_threshold=4)
+    assert advice["kept_current"] is True and advice["better"] is False
+    assert (advice["best"]["prefix_length"], advice["best"]["concurrency_threshold"]) == (4096, 10)
+    assert advice["gain_points"] == 0.0 and advice["ttft_gain"] == 0.0
+    assert "best: keep the current settings" in advisor.render(advice)
+    values = {spec.name: v for spec, v in advisor.metric_values(advice)}
+    assert values["RecommendedPrefixLength"] == 4096.0 and values["BestPredictedHitRate"] == values["PredictedHitRate"]
+
+
+def test_a_worse_pick_gives_way_to_a_tried_setting_that_beats_now():
+    def point(pl, hit, p50):
+        return {"prefix_length": pl, "concurrency_threshold": 10, "hit_rate": hit, "ttft_p50_s": p50}
+
+    now = point(4096, 0.50, 1.0)
+    worse = point(8192, 0.47, 0.9)  # 3 points below now
+    better = point(16384, 0.52, 0.7)  # 30 % lower P50, hit rate up
+    slightly = point(2048, 0.505, 0.98)  # no worse, but not by the bar
+    assert advisor._choose(worse, now, [now, worse, slightly, better], advisor.NotifySettings()) is better
+    assert advisor._choose(worse, now, [now, worse, slightly], advisor.NotifySettings()) is now
+    assert advisor._choose(slightly, now, [now, worse, slightly], advisor.NotifySettings()) is slightly
+
+
+def measured_window(cached_share: float) -> Trace:
+    """Ten unique prompts (nothing to reuse: the bound is 0) whose log reports cached tokens."""
+    n = 10
+    return Trace([float(i) for i in range(n)], [1024] * n, [10] * n, [[2 * i, 2 * i + 1] for i in range(n)],
+                 block_tokens=512, block_bytes=2048, cached_tokens=[int(1024 * cached_share)] * n, source="w")
+
+
+def test_a_measured_hit_rate_above_the_bound_says_whether_the_bound_or_the_window_is_off():
+    config = FleetConfig(instances=2, prefix_length=4096, concurrency_threshold=1024, block_tokens=512,
+                         block_bytes=2048)
+    advice = advisor.advise(measured_window(0.5), config, thresholds=(1024,))
+    assert advice["hit_rate_bound"] == 0.0 and advice["measured_hit_rate"] == 0.5
+    above = advice["measured_above_bound"]
+    assert above["cause"] == "bound" and "the model's bound is too low for this log" in above["text"]
+    assert f"warning: {above['text']}" in advisor.render(advice)
+    sampled = measured_window(0.5)
+    sampled.sampled = "read the first 10 events only"
+    above = advisor.advise(sampled, config, thresholds=(1024,))["measured_above_bound"]
+    assert above["cause"] == "sampled" and "the log is sampled (read the first 10 events only)" in above["text"]
+    skipped = measured_window(0.5)
+    skipped.skipped.add("w:3", "bad 'prompt_tokens'")
+    assert "1 line skipped" in advisor.advise(skipped, config, thresholds=(1024,))["measured_above_bound"]["text"]
+    assert advisor.advise(measured_window(0.005), config, thresholds=(1024,))["measured_above_bound"] is None

@@ -20,8 +20,8 @@ def test_a_trace_below_the_reuse_rule_of_thumb_can_still_pay():
     assert v["ttft_p50_gain"] == pytest.approx(1 - 57 / 822)
     assert v["text"].startswith("prefix-aware routing pays here: PREFIX_AWARE caches 59.0% of prompt tokens "
                                 "against RANDOM's 13.0% (+46.0 points), P50 TTFT 57 ms against 822 ms (-93%)")
-    assert v["criterion"] == ("the brief's criterion: 44.6% of requests reuse a prefix seen before "
-                              "(not above its 50% rule of thumb; the simulation decides)")
+    assert v["criterion"] == ("the rule of thumb: 44.6% of requests reuse a prefix seen before "
+                              "(not above its 50%; the simulation decides)")
 
 
 def test_a_small_gain_does_not_pay_even_with_much_reuse():
@@ -29,7 +29,7 @@ def test_a_small_gain_does_not_pay_even_with_much_reuse():
     assert v["pays"] is False and v["reuse_criterion_met"] is True
     assert v["hit_rate_gain_points"] == pytest.approx(3.0) and v["ttft_p50_gain"] == pytest.approx(1 - 0.50 / 0.55)
     assert "does not pay here" in v["text"] and "RANDOM or LEAST_OUTSTANDING_REQUESTS will do as well" in v["text"]
-    assert v["criterion"].endswith("(above its 50% rule of thumb; the simulation decides)")
+    assert v["criterion"].endswith("(above its 50%; the simulation decides)")
 
 
 @pytest.mark.parametrize(
