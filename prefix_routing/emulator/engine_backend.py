@@ -146,7 +146,8 @@ class EngineBackend:
     def _route_among(self, up: list[int]) -> None:
         """The router sees the engines up only (all of them: its plain choice, the lab's homes)."""
         with self._lock:
-            self.router.set_active(None if len(up) == len(self.urls) else up)
+            # A dead engine's keys move to the others; every other key keeps its engine (and its cache).
+            self.router.set_active(None if len(up) == len(self.urls) else up, keep_homes=True)
 
     def close(self) -> None:
         """Stop the health checks (the server calls it when it stops)."""

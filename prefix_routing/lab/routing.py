@@ -139,7 +139,8 @@ class Router:
     routes with this class, so both see the same homes for the same keys and seed.
     """
 
-    __slots__ = ("strategy", "n", "copies_per_instance", "threshold", "rng", "_seed_mix", "_home_of", "active")
+    __slots__ = ("strategy", "n", "copies_per_instance", "threshold", "rng", "_seed_mix", "_home_of", "active",
+                 "_keep_homes")
 
     def __init__(self, strategy: Strategy, copies: int, *, concurrency_threshold: int,
                  copies_per_instance: int = 1, seed: int = 0, rng: random.Random | None = None) -> None:
@@ -153,13 +154,20 @@ class Router:
         self._seed_mix = mix64(seed & _MASK)
         self._home_of: dict = {}
         self.active: list[int] | None = None  # with copy autoscaling: the copies serving now
+        self._keep_homes = False
 
-    def set_active(self, copies: list[int] | None) -> None:
+    def set_active(self, copies: list[int] | None, *, keep_homes: bool = False) -> None:
         """Route among ``copies`` only (None: all ``n``). PREFIX_AWARE then picks a key's home by
         rendezvous hashing (the serving copy with the highest seeded hash of key and copy), so a
         change of copies moves only the keys of the copies added or removed (an assumption: AWS
-        says most requests keep their instance on scaling, not how)."""
+        says most requests keep their instance on scaling, not how).
+
+        ``keep_homes``: a key whose :meth:`home` is among ``copies`` stays there, and only the keys of
+        the missing copies are rehashed among the others: for copies that are out for a while (an
+        unhealthy engine), so that its return moves back only its own keys.
+        """
         self.active = None if copies is None else list(copies)
+        self._keep_homes = keep_homes
 
     def _choose_among(self, key: Hashable, out: Sequence[int], active: list[int]) -> tuple[int, bool]:
         if not active:
@@ -168,8 +176,10 @@ class Router:
         if len(active) == 1:
             return active[0], False
         if strategy is _PREFIX_AWARE:
-            kh = mix64(stable_hash(key) ^ self._seed_mix)
-            home = max(active, key=lambda c: mix64(kh ^ (c + 1) * _GOLDEN & _MASK))
+            home = self.home(key) if self._keep_homes else -1
+            if home < 0 or home not in active:
+                kh = mix64(stable_hash(key) ^ self._seed_mix)
+                home = max(active, key=lambda c: mix64(kh ^ (c + 1) * _GOLDEN & _MASK))
             if out[home] < self.threshold:
                 return home, False
             loads = [out[c] for c in active]

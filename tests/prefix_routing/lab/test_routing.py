@@ -82,3 +82,18 @@ def test_router_refuses_kv_aware_and_bad_copy_counts():
         Router("KV_AWARE", 2, concurrency_threshold=1).choose(1, [0, 0])
     with pytest.raises(UserError, match="copies=3"):
         Router("RANDOM", 3, concurrency_threshold=1, copies_per_instance=2)
+
+
+def test_with_kept_homes_a_missing_copy_moves_only_its_own_keys():
+    router = Router(Strategy.PREFIX_AWARE, 4, concurrency_threshold=100, seed=3)
+    keys = [f"prefix-{i}" for i in range(400)]
+    idle = [0, 0, 0, 0]
+    homes = {key: router.choose(key, idle)[0] for key in keys}
+    assert homes == {key: router.home(key) for key in keys}  # all copies serving: the plain homes
+    router.set_active([0, 1, 3], keep_homes=True)  # copy 2 is out
+    moved = {key: router.choose(key, idle)[0] for key in keys}
+    assert all(moved[key] == homes[key] for key in keys if homes[key] != 2)
+    assert all(moved[key] in (0, 1, 3) for key in keys if homes[key] == 2)
+    assert sum(homes[key] == 2 for key in keys) > 50  # the test covers keys of the missing copy
+    router.set_active(None)
+    assert {key: router.choose(key, idle)[0] for key in keys} == homes  # back: every key at its home
