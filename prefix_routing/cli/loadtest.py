@@ -4,7 +4,8 @@ Examples::
 
     # the emulator (or any local runtime) through boto3
     python -m prefix_routing loadtest --trace ../shared/traces/conversation_trace.jsonl --max-requests 200 \\
-        --target sagemaker --endpoint ep --component ic --endpoint-url http://127.0.0.1:8080 \\
+        --target sagemaker --endpoint default-prefix-llm --component default-prefix-llm-ic \\
+        --endpoint-url http://127.0.0.1:8080 \\
         --speed 10 --concurrency 16 --out out/loadtest
 
     # a real endpoint (credentials and region from the environment)
@@ -71,7 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sagemaker: boto3 InvokeEndpointWithResponseStream; lambda-url: the normalizer's "
                              "Function URL (SigV4); openai: an OpenAI-compatible chat-completions URL (SSE)")
     target.add_argument("--endpoint", metavar="NAME", help="sagemaker: EndpointName")
-    target.add_argument("--component", metavar="NAME", help="sagemaker: InferenceComponentName")
+    target.add_argument("--component", metavar="NAME",
+                        help="sagemaker: InferenceComponentName (required by inference-component endpoints, every stage's)")
     target.add_argument("--prefix-aware-id", metavar="ID", help="sagemaker: PrefixAwareId (1-64 printable ASCII)")
     target.add_argument("--endpoint-url", metavar="URL",
                         help="sagemaker: runtime URL, e.g. the emulator's http://127.0.0.1:PORT")
