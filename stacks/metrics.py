@@ -51,6 +51,16 @@ class NormalizerMetrics:
     def upstream_errors(self) -> cloudwatch.Metric:
         return self._metric(telemetry.UPSTREAM_ERRORS, "Sum", "failed upstream")
 
+    def throttled_requests(self) -> cloudwatch.Metric:
+        """Requests refused with 429 by a tenant's limit (which tenants: the top-throttled-tenants rule)."""
+        return self._metric(telemetry.THROTTLED_REQUESTS, "Sum", "throttled (429)")
+
+    def limiter_store_errors(self) -> cloudwatch.Metric:
+        return self._metric(telemetry.LIMITER_STORE_ERRORS, "Sum", "limits not checked (store error)")
+
+    def limiter_time(self, percentile: str = "p50") -> cloudwatch.Metric:
+        return self._metric(telemetry.LIMITER_TIME, percentile, f"admission {percentile} (ms)")
+
     def refused_direct_invocations(self) -> cloudwatch.Metric:
         """Direct invocations refused with 403 (they would have named their own tenant)."""
         return self._metric(telemetry.REFUSED_DIRECT_INVOCATIONS, "Sum", "refused direct invocations")

@@ -6,12 +6,15 @@ from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
 from prefix_routing.stage.config import StageConfig
+from stacks.constructs.limits_table import TenantLimitsTable
 from stacks.constructs.normalizer_function import NormalizerFunction, normalizer_code
 
 
 class NormalizerStack(Stack):
     def __init__(self, scope: Construct, construct_id: str, *, config: StageConfig, **kwargs) -> None:
         super().__init__(scope, construct_id, **kwargs)
+        # The counts of the per-tenant limits, only when some tenant has one.
+        self.limits_table = TenantLimitsTable(self, "TenantLimits") if config.limits.enabled else None
         # Names, not references: the endpoint's names are fixed by the stage, so the two stacks
         # deploy independently.
         self.normalizer = NormalizerFunction(
@@ -27,6 +30,8 @@ class NormalizerStack(Stack):
             endpoint=config.endpoint,
             settings=config.normalizer,
             code=normalizer_code(),
+            limits=config.limits,
+            limits_table=self.limits_table.table if self.limits_table is not None else None,
         )
         CfnOutput(self, "FunctionUrl", value=self.normalizer.function_url.url)
         CfnOutput(self, "FunctionName", value=self.normalizer.function.function_name)

@@ -31,6 +31,7 @@ class ObservabilityStack(Stack):
             scaling=config.scaling,
             topic=self.alert_topic.topic,
             cached_tokens_reported=config.model.reports_cached_tokens,
+            limits_enabled=config.limits.enabled,
         )
         self.dashboard = RoutingDashboard(
             self,
@@ -41,9 +42,11 @@ class ObservabilityStack(Stack):
             alarms=self.alarms.all,
             advisor=AdvisorMetrics(component_name=config.component_name,
                                    schedule_minutes=config.advisor.schedule_minutes) if config.advisor.enabled else None,
+            limits_enabled=config.limits.enabled,
         )
         self.log_insights = RequestLogInsights(
-            self, "RequestLog", log_group=request_log, name_prefix=config.endpoint_name
+            self, "RequestLog", log_group=request_log, name_prefix=config.endpoint_name,
+            limits_enabled=config.limits.enabled,
         )
         self.advisor = None
         if config.advisor.enabled:

@@ -59,3 +59,12 @@ def pytest_report_header(config):
     required = ", required" if REQUIRE_SHARED else ""
     return [f"shared trace: {MOONCAKE_TRACE} {shared}{required}",
             f"hypothesis profile: {settings.get_current_profile_name()}"]
+
+
+@pytest.fixture(scope="session")
+def local_dynamo():
+    """dynalite on 127.0.0.1 (the front door's limits store), one per test process, stopped by its pid."""
+    from prefix_routing.emulator.local_store import LocalDynamo
+
+    with LocalDynamo() as store:
+        yield store

@@ -85,7 +85,8 @@ def type_text(annotation: Any) -> str:
         text = f"list of {type_text(item)}s"
     elif origin is dict:
         _, value = typing.get_args(base)
-        text = f"table of {type_text(value)}s"
+        inner = "limits" if isinstance(value, type) and issubclass(value, BaseModel) else f"{type_text(value)}s"
+        text = f"table of {inner}"
     else:
         text = {str: "string", int: "integer", float: "number", bool: "boolean"}[base]
     return f"{text} or unset" if optional else text

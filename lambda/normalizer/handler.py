@@ -71,7 +71,23 @@ def _build_invoker() -> frontdoor.Invoker:
     if config.component_name:  # SageMaker publishes no copy-count metric: sample it once a minute
         control = Config(retries={"mode": "standard", "max_attempts": 2}, connect_timeout=2, read_timeout=5)
         copies = frontdoor.CopyCounts(lambda: session.client("sagemaker", config=control), config.component_name)
-    return frontdoor.Invoker(runtime, config, key, telemetry_sink=frontdoor.Telemetry(config, copies=copies))
+    return frontdoor.Invoker(runtime, config, key, telemetry_sink=frontdoor.Telemetry(config, copies=copies),
+                             limiter=_limiter(session, config))
+
+
+def _limiter(session, config: frontdoor.InvokeConfig) -> frontdoor.Limiter | None:
+    """Per-tenant limits (``LIMITS``): a DynamoDB client whose every call is bounded by
+    ``store_timeout_ms`` (no retries), its connection opened now, in the init phase."""
+    if not config.limits.enabled:
+        return None
+    seconds = config.limits.store_timeout_ms / 1000.0
+    client = session.client("dynamodb", config=Config(retries={"total_max_attempts": 1}, connect_timeout=seconds,
+                                                      read_timeout=seconds, tcp_keepalive=True))
+    try:  # TLS now rather than on the first request's path; any answer will do
+        client.get_item(TableName=config.limits_table, Key={"pk": {"S": "connection-warm-up"}})
+    except Exception:  # noqa: BLE001 - the first request retries the connection within its own bound
+        pass
+    return frontdoor.Limiter(config.limits, frontdoor.DynamoLimitStore(client, config.limits_table))
 
 
 def get_invoker() -> frontdoor.Invoker:

@@ -93,6 +93,7 @@ from prefix_routing.frontdoor.config import (
 )
 from prefix_routing.frontdoor.copies import CopyCounts
 from prefix_routing.frontdoor.invoker import Buffered, Head, Invoker, Outcome, decode_direct_payload
+from prefix_routing.frontdoor.limiter import Admission, DynamoLimitStore, Limiter, LimitsUnavailable, Throttled
 from prefix_routing.frontdoor.prepare import Prepared, prepare
 from prefix_routing.frontdoor.record import RequestRecord, Telemetry, emf_document, log_record
 from prefix_routing.frontdoor.replicas import Replicas
@@ -104,6 +105,11 @@ from prefix_routing.frontdoor.upstream_errors import UpstreamError, classify_err
 from prefix_routing.rules import MAX_BODY_BYTES_LIMIT  # for the web app's request size check
 
 __all__ = [
+    "Admission",
+    "DynamoLimitStore",
+    "Limiter",
+    "LimitsUnavailable",
+    "Throttled",
     "JSON_HEADERS",
     "MAX_BODY_BYTES_LIMIT",
     "SHARED_TENANT",

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from prefix_routing.rules.limits import LimitSettings
 from prefix_routing.rules.replication import ReplicationSettings
 from prefix_routing.rules.settings import NormalizerSettings
 
@@ -46,7 +47,9 @@ class InvokeConfig:
     ``copies_min`` / ``copies_max`` (the stage's copy bounds: the copy count replication assumes
     before the first ``DescribeInferenceComponent`` reading, and the most it believes),
     ``allow_direct_invoke`` (answer direct invocations, which name their own tenant, under the
-    ``iam`` and ``header`` tenancies: off by default, so that the Function URL is the one way in).
+    ``iam`` and ``header`` tenancies: off by default, so that the Function URL is the one way in),
+    ``limits`` (per-tenant limits, :class:`~prefix_routing.rules.limits.LimitSettings`) and
+    ``limits_table`` (the DynamoDB table that holds their counts).
     """
 
     endpoint_name: str
@@ -64,6 +67,8 @@ class InvokeConfig:
     copies_min: int = 1
     copies_max: int | None = None
     allow_direct_invoke: bool = False
+    limits: LimitSettings = field(default_factory=LimitSettings)
+    limits_table: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.endpoint_name, str) or not self.endpoint_name:
@@ -84,6 +89,11 @@ class InvokeConfig:
             raise ConfigurationError(f"COPIES_MIN: {self.copies_min} is not in 0..1000")
         if self.copies_max is not None and not max(1, self.copies_min) <= self.copies_max <= 1000:
             raise ConfigurationError(f"COPIES_MAX: {self.copies_max} is not in max(1, COPIES_MIN)..1000")
+        if not isinstance(self.limits, LimitSettings):
+            raise ConfigurationError("limits: not a LimitSettings")
+        if self.limits.enabled and not self.limits_table:
+            raise ConfigurationError("LIMITS_TABLE: missing; the DynamoDB table that holds the tenants' counts "
+                                     "(required when LIMITS sets a limit)")
         object.__setattr__(self, "tenant_header", self.tenant_header.lower())
         object.__setattr__(self, "application_header", (self.application_header or "").lower())
 
@@ -104,7 +114,8 @@ class InvokeConfig:
         ``REPLICATION_ENABLED`` (true|false, default false), ``REPLICATION_MAX_REPLICAS``,
         ``REPLICATION_TARGET_SHARE_FACTOR``, ``REPLICATION_HALF_LIFE_S`` (absent: the defaults of
         :class:`~prefix_routing.rules.replication.ReplicationSettings`), ``COPIES_MIN``, ``COPIES_MAX``,
-        ``ALLOW_DIRECT_INVOKE`` (true|false, default false).
+        ``ALLOW_DIRECT_INVOKE`` (true|false, default false), ``LIMITS`` (the JSON of
+        :meth:`~prefix_routing.rules.limits.LimitSettings.to_json`; absent: no limits), ``LIMITS_TABLE``.
         """
         env = os.environ if environ is None else environ
         data: dict[str, Any] = {}
@@ -140,6 +151,8 @@ class InvokeConfig:
             copies_min=_number(env, "COPIES_MIN", 1, int),
             copies_max=_number(env, "COPIES_MAX", 0, int) or None,
             allow_direct_invoke=_flag(env, "ALLOW_DIRECT_INVOKE", False),
+            limits=_limits(env),
+            limits_table=env.get("LIMITS_TABLE", "").strip() or None,
         )
 
 
@@ -187,6 +200,16 @@ def _replication(env: Mapping[str, str]) -> ReplicationSettings:
         message = str(error)
         field_name = message.removeprefix("replication.").split(":", 1)[0]
         raise ConfigurationError(f"{V.get(field_name, 'REPLICATION')}: {message}") from None
+
+
+def _limits(env: Mapping[str, str]) -> LimitSettings:
+    raw = env.get("LIMITS", "").strip()
+    if not raw:
+        return LimitSettings()
+    try:
+        return LimitSettings.from_mapping(json.loads(raw))
+    except ValueError as error:  # JSONDecodeError is a ValueError
+        raise ConfigurationError(f"LIMITS: {error}") from None
 
 
 def load_tenant_key(client: Any, secret_id: str) -> bytes:

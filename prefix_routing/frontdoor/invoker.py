@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prefix_routing.frontdoor.config import _STATUS_CLIENT_CLOSED, JSON_HEADERS, InvokeConfig
+from prefix_routing.frontdoor.limiter import Admission, Limiter, LimitsUnavailable, Throttled
 from prefix_routing.frontdoor.prepare import prepare
 from prefix_routing.frontdoor.record import RequestRecord, Telemetry
 from prefix_routing.frontdoor.replicas import Replicas
@@ -72,13 +73,15 @@ def _in_band_error(fmt: str | None, error: UpstreamError, last_byte: bytes) -> b
 class _State:
     """Where an exchange is: what was opened and sent, and whether its telemetry is written."""
 
-    __slots__ = ("opened", "reader", "head_sent", "concluded")
+    __slots__ = ("opened", "reader", "head_sent", "concluded", "admission", "limit_headers")
 
     def __init__(self) -> None:
         self.opened: _Opened | None = None
         self.reader: StreamReader | None = None
         self.head_sent = False
         self.concluded = False
+        self.admission: Admission | None = None  # what the request holds under the tenant's limits
+        self.limit_headers: dict[str, str] = {}
 
 
 #: Whose fault a failed call was, by its kind (else the endpoint's): a container's own 4xx is the caller's.
@@ -110,6 +113,7 @@ class Invoker:
         sleep: Callable[[float], None] = time.sleep,
         jitter: Callable[[], float] | None = None,
         replicas: Replicas | None = None,
+        limiter: Limiter | None = None,
     ) -> None:
         self.config = config
         self.key = key
@@ -118,6 +122,9 @@ class Invoker:
         self.upstream = Upstream(client, config, sleep=sleep, jitter=jitter or _jitter, clock=self.clock)
         enabled = config.replication.enabled
         self.replicas = (replicas or Replicas(config, copies=self.telemetry.copies)) if enabled else None
+        if config.limits.enabled and limiter is None:
+            raise ValueError("the configuration sets per-tenant limits: give the invoker a limiter (frontdoor.Limiter)")
+        self.limiter = limiter if config.limits.enabled else None
 
     # -- helpers
     def _deadline(self, request: FrontRequest) -> float:
@@ -138,7 +145,8 @@ class Invoker:
         the generator (``.close()``) if the caller goes away mid-answer: the upstream stream is closed
         and the request is logged with status 499 (``client_closed``).
         """
-        record = RequestRecord(arrival_ms=request.arrival_ms, request_id=request.request_id)
+        record = RequestRecord(arrival_ms=request.arrival_ms, request_id=request.request_id,
+                               limits_enabled=self.limiter is not None)
         state = _State()
         try:
             yield from self._exchange(request, record, state, collect)
@@ -163,6 +171,9 @@ class Invoker:
         finally:
             if not state.concluded:
                 self._conclude(request, record, state)
+            if self.limiter is not None:  # after the answer's end: off the caller's path
+                used = None if record.prompt_tokens is None else record.prompt_tokens + (record.output_tokens or 0)
+                self.limiter.finish(state.admission, used)
 
     def _conclude(self, request: FrontRequest, record: RequestRecord, state: _State) -> None:
         """Close the upstream stream and write the request's telemetry, once."""
@@ -203,6 +214,11 @@ class Invoker:
         record.block_hashes = prepared.normalized.block_hashes
         record.body_bytes = len(prepared.normalized.body)
         record.normalize_ms = prepared.normalize_ms
+        if self.limiter is not None:
+            refused = self._admit(prepared, record, state)
+            if refused is not None:
+                yield from self._refuse(request, record, state, *refused)
+                return
         deadline = self._deadline(request)
         prefix_aware_id = prepared.identity.prefix_aware_id
         if self.replicas is not None:  # replication: replica j of a hot prefix goes out as <id>-r<j>
@@ -213,7 +229,7 @@ class Invoker:
         except UpstreamError as error:
             record.status, record.error_kind = error.status, error.kind
             record.origin = _ORIGINS.get(error.kind, "upstream")
-            headers = dict(JSON_HEADERS)
+            headers = {**JSON_HEADERS, **state.limit_headers}
             if error.status == 429:
                 headers["retry-after"] = str(max(1, math.ceil(self.config.backoff_max_s)))
             body = error.body(record.attempts)
@@ -230,6 +246,7 @@ class Invoker:
             "cache-control": "no-cache",
             "x-prefix-aware-id": prepared.identity.prefix_aware_id,
             "x-prefix-fingerprint": prepared.normalized.prefix_fingerprint,
+            **state.limit_headers,
         }
         record.status = 200
         state.head_sent = True
@@ -276,6 +293,40 @@ class Invoker:
             return
         self._conclude(request, record, state)
         yield Outcome(200, None, record, reader)
+
+    # -- per-tenant limits
+    def _admit(self, prepared, record: RequestRecord, state: _State) -> tuple[int, str, str, dict[str, str]] | None:
+        """Admit the request under its tenant's limits; (status, code, message, headers) if refused."""
+        try:
+            admission = state.admission = self.limiter.admit(prepared.tenant, len(prepared.normalized.body))
+        except Throttled as throttled:
+            record.limit_rule = self.limiter.settings.for_tenant(prepared.tenant)[0]
+            record.throttled_by = throttled.limit
+            headers = {**throttled.headers, "retry-after": str(throttled.retry_after_s)}
+            return 429, "rate_limited", throttled.message, headers
+        except LimitsUnavailable as unavailable:
+            record.limiter_store_error = True
+            return 503, "limits_unavailable", f"{unavailable}: the request is refused until they can", {}
+        if admission is not None:
+            record.limit_rule, record.limiter_ms = admission.rule, admission.took_ms
+            record.limiter_store_error = admission.store_error
+            state.limit_headers = admission.headers
+        return None
+
+    def _refuse(self, request: FrontRequest, record: RequestRecord, state: _State, status: int, code: str,
+                message: str, headers: dict[str, str]) -> Iterator[Head | bytes | Outcome]:
+        record.status, record.error_kind = status, code
+        record.origin = "client" if status == 429 else "internal"
+        record.sent = False
+        body = {"error": {"code": code, "message": message, "status": status}}
+        if record.throttled_by:
+            body["error"]["limit"] = record.throttled_by
+            body["error"]["retry_after_s"] = int(headers["retry-after"])
+        state.head_sent = True
+        yield Head(status, _with_request_id({**JSON_HEADERS, **headers}, request))
+        yield _json_bytes(body)
+        self._conclude(request, record, state)
+        yield Outcome(status, body["error"], record)
 
     # -- the buffered interface
     def buffered(self, request: FrontRequest) -> Buffered:

@@ -28,6 +28,7 @@ from typing import Any, Final
 
 from prefix_routing.frontdoor.config import InvokeConfig
 from prefix_routing.frontdoor.invoker import Invoker
+from prefix_routing.frontdoor.limiter import KEY, DynamoLimitStore, Limiter
 from prefix_routing.frontdoor.record import Telemetry
 from prefix_routing.frontdoor.webapp import (
     LAMBDA_CONTEXT_HEADER,
@@ -111,14 +112,58 @@ def local_runtime_client(runtime_url: str, config: InvokeConfig) -> Any:
     )
 
 
+#: The table of the local front door's limits (in the local store: dynalite).
+LOCAL_LIMITS_TABLE: Final = "prefix-routing-limits"
+
+
+def limits_client(store_url: str, timeout_ms: int) -> Any:
+    """A ``dynamodb`` client for the store at ``store_url`` with the limits' own bounded timeouts."""
+    import boto3
+    from botocore.config import Config
+
+    seconds = timeout_ms / 1000.0
+    return boto3.session.Session().client(
+        "dynamodb", endpoint_url=store_url, region_name="us-east-1",
+        aws_access_key_id="local", aws_secret_access_key="local",
+        config=Config(retries={"total_max_attempts": 1}, connect_timeout=seconds, read_timeout=seconds,
+                      tcp_keepalive=True, max_pool_connections=64),
+    )
+
+
+def create_limits_table(client: Any, table: str) -> None:
+    """The table as the Normalizer stack makes it (key ``pk``, on demand); nothing if it exists."""
+    try:
+        client.create_table(TableName=table, KeySchema=[{"AttributeName": KEY, "KeyType": "HASH"}],
+                            AttributeDefinitions=[{"AttributeName": KEY, "AttributeType": "S"}],
+                            BillingMode="PAY_PER_REQUEST")
+    except client.exceptions.ResourceInUseException:
+        pass
+
+
 class LocalFrontDoor:
-    """The front door's web app serving on ``127.0.0.1:port`` in a thread; ``url``, ``invoker``, ``stop()``."""
+    """The front door's web app serving on ``127.0.0.1:port`` in a thread; ``url``, ``invoker``, ``stop()``.
+
+    With per-tenant limits in ``environment`` (``LIMITS``), ``limits_store_url`` is the DynamoDB-compatible
+    store (``prefix_routing.emulator.local_store.LocalDynamo``) that holds their counts.
+    """
 
     def __init__(self, runtime_url: str, environment: Mapping[str, str], *, port: int = 0,
-                 key: bytes = LOCAL_TENANT_KEY, emit: Callable[[str], None] | None = None) -> None:
+                 key: bytes = LOCAL_TENANT_KEY, emit: Callable[[str], None] | None = None,
+                 limits_store_url: str | None = None) -> None:
+        environment = dict(environment)
+        if environment.get("LIMITS"):
+            environment.setdefault("LIMITS_TABLE", LOCAL_LIMITS_TABLE)
         config = InvokeConfig.from_env(environment)
+        limiter = None
+        if config.limits.enabled:
+            if limits_store_url is None:
+                raise ValueError("the stage sets per-tenant limits: give limits_store_url (a local DynamoDB store)")
+            # Creating the table is no request's business: it gets a generous timeout of its own.
+            create_limits_table(limits_client(limits_store_url, 5000), config.limits_table)
+            store = DynamoLimitStore(limits_client(limits_store_url, config.limits.store_timeout_ms), config.limits_table)
+            limiter = Limiter(config.limits, store)
         self.invoker = Invoker(local_runtime_client(runtime_url, config), config, key,
-                               telemetry_sink=Telemetry(config, emit))
+                               telemetry_sink=Telemetry(config, emit), limiter=limiter)
         self.server: FrontDoorServer = make_server("127.0.0.1", port, lambda: self.invoker,
                                                    handler_class=LocalFunctionUrlHandler)
         self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},

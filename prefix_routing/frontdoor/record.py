@@ -72,6 +72,11 @@ class RequestRecord:
     replica: int | None = None  # hot-prefix replication (frontdoor.replicas), else None
     replicas: int | None = None
     hot_prefixes: int | None = None
+    limits_enabled: bool = False  # some tenant has a limit: the EMF document and log line carry the limit fields
+    limit_rule: str | None = None
+    throttled_by: str | None = None
+    limiter_ms: float | None = None
+    limiter_store_error: bool = False
 
 
 def _ms(value: float | None) -> float | None:
@@ -125,6 +130,10 @@ def log_record(record: RequestRecord, config: InvokeConfig) -> dict[str, Any]:
     }
     if len(record.block_hashes) > MAX_LOGGED_BLOCK_HASHES:
         line[LOG_BLOCK_HASHES_TRUNCATED] = True
+    if record.limits_enabled:
+        L = telemetry.LimitLogField
+        line.update({L.RULE: record.limit_rule, L.THROTTLED_BY: record.throttled_by,
+                     L.LIMITER_MS: _ms(record.limiter_ms), L.STORE_ERROR: record.limiter_store_error})
     if record.replicas is not None:  # replication enabled (absent otherwise: the line stays as it was)
         line[telemetry.ReplicaLogField.REPLICA] = record.replica
         line[telemetry.ReplicaLogField.REPLICAS] = record.replicas
@@ -149,6 +158,11 @@ def _metric_values(record: RequestRecord) -> list[tuple[telemetry.MetricSpec, fl
         (telemetry.CURRENT_COPIES, record.current_copies),
     )
     values.extend((spec, float(value)) for spec, value in optional if value is not None)
+    if record.limits_enabled:  # some tenant has a limit: in every document, else in none
+        values.append((telemetry.THROTTLED_REQUESTS, 1.0 if record.throttled_by else 0.0))
+        values.append((telemetry.LIMITER_STORE_ERRORS, 1.0 if record.limiter_store_error else 0.0))
+        if record.limiter_ms is not None:
+            values.append((telemetry.LIMITER_TIME, float(record.limiter_ms)))
     if record.hot_prefixes is not None:  # replication enabled: in every document, else in none
         values.append((telemetry.REPLICATED_REQUESTS, 1.0 if record.replica else 0.0))
         values.append((telemetry.HOT_PREFIXES, float(record.hot_prefixes)))

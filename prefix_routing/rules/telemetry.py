@@ -84,6 +84,22 @@ REPLICATED_REQUESTS = MetricSpec(
 HOT_PREFIXES = MetricSpec("HotPrefixes", "Count", "prefixes the front door's tracker gives more than one replica")
 REPLICATION_METRICS: Final = (REPLICATED_REQUESTS, HOT_PREFIXES)
 
+#: Per-tenant limits (``[limits]``, :mod:`prefix_routing.rules.limits`): in every EMF document while
+#: some tenant has a limit, in none otherwise. Tenants are never a dimension: the log line's
+#: ``LimitLogField.THROTTLED_BY`` and ``TENANT`` rank them (Contributor Insights).
+THROTTLED_REQUESTS = MetricSpec("ThrottledRequests", "Count", "requests refused with 429: the tenant was over a limit")
+LIMITER_STORE_ERRORS = MetricSpec(
+    "LimiterStoreErrors", "Count", "requests whose limits could not be checked (the store failed or timed out)"
+)
+LIMITER_TIME = MetricSpec("LimiterTime", "Milliseconds", "time the admission took in the store (before the endpoint call)")
+LIMIT_METRICS: Final = (THROTTLED_REQUESTS, LIMITER_STORE_ERRORS, LIMITER_TIME)
+#: The names of the limits, as ``LimitLogField.THROTTLED_BY`` gives them (``prefix_routing.rules.limits``).
+LIMIT_NAMES: Final = ("requests_per_minute", "tokens_per_minute", "concurrent_streams")
+#: The limits table's partition key and TTL attribute: the stack creates it with these, the front door
+#: writes them.
+LIMITS_TABLE_KEY: Final = "pk"
+LIMITS_TABLE_TTL: Final = "expires_at"
+
 #: The routing advisor's figures for one window of the request log (``prefix_routing.lab.advisor``),
 #: published once per run under NAMESPACE with the component dimension: the model's prediction
 #: beside what production measured, so that drift shows on one chart.
@@ -137,6 +153,15 @@ class ReplicaLogField:
 
     REPLICA: Final = "replica"  # j: 0 = the tenant's own PrefixAwareId, else <id>-r<j>
     REPLICAS: Final = "replicas"  # k: the replicas the prefix had then (1 = not hot)
+
+
+class LimitLogField:
+    """Fields the request log line has only while some tenant has a limit."""
+
+    RULE: Final = "limit_rule"  # the [limits] rule that applied: "default" or the override's key; null: unlimited
+    THROTTLED_BY: Final = "throttled_by"  # the limit that refused the request (429), else null
+    LIMITER_MS: Final = "limiter_ms"  # time the admission took in the store
+    STORE_ERROR: Final = "limiter_store_error"  # the store failed: served (open) or refused (closed) unchecked
 
 
 # The value of LogField.MESSAGE on the per-request line, so readers can pick those lines out.

@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from prefix_routing.rules.constants import FINGERPRINT_HEX_DIGITS, MAX_BODY_BYTES_LIMIT
+from prefix_routing.rules.limits import LIMIT_NAMES, MAX_LIMIT, MAX_OVERRIDES, MAX_PATTERN, LimitSettings, TenantLimits
 from prefix_routing.stage.presets import INSTANCES
 
 # PREFIX_ROUTING_CONFIG_DIR points synth at another folder of stage files (tests use it).
@@ -561,6 +562,68 @@ class NormalizerFunctionSettings(_Section):
     )
 
 
+class TenantLimitSettings(_Section):
+    """The limits of one tenant (or class of tenants): unset is unlimited."""
+
+    requests_per_minute: int | None = Field(
+        None, ge=1, le=MAX_LIMIT,
+        description="requests a tenant may send per calendar minute (429 beyond); unset: unlimited",
+    )
+    tokens_per_minute: int | None = Field(
+        None, ge=1, le=MAX_LIMIT,
+        description="tokens (prompt + completion, from the engine's usage; the prompt estimated up front from the "
+        "body's size) a tenant may use per calendar minute; unset: unlimited",
+    )
+    concurrent_streams: int | None = Field(
+        None, ge=1, le=100_000, description="answers a tenant may have in flight at once; unset: unlimited"
+    )
+
+
+class LimitsSettings(TenantLimitSettings):
+    """The [limits] section: per-tenant limits, enforced by the front door in a DynamoDB table that every
+    execution environment shares (``prefix_routing.rules.limits``, ``prefix_routing.frontdoor.limiter``)."""
+
+    tenants: dict[str, TenantLimitSettings] = Field(
+        default_factory=dict,
+        description="overrides: `[limits.tenants.\"<tenant id or pattern>\"]` (`*`, `?` as in shell patterns; a "
+        "tenant's own id first, then the first pattern that matches, in file order) with any of the three limits; "
+        "the others are the defaults'",
+        json_schema_extra=_allowed(f"at most {MAX_OVERRIDES} tenant ids or patterns"),
+    )
+    on_store_error: Literal["open", "closed"] = Field(
+        "open",
+        description="when the table cannot be reached in time: `open` serves the request and counts it "
+        "(`LimiterStoreErrors`), `closed` refuses it with 503",
+    )
+    store_timeout_ms: int = Field(
+        50, ge=5, le=5000, description="the most one call to the table may take before it counts as a store error"
+    )
+
+    @field_validator("tenants")
+    @classmethod
+    def _few_enough(cls, value: dict) -> dict:
+        if len(value) > MAX_OVERRIDES:
+            raise ValueError(f"{len(value)} overrides; allowed: at most {MAX_OVERRIDES}")
+        for key in value:
+            if not 1 <= len(key) <= MAX_PATTERN or not all("!" <= c <= "~" for c in key):
+                raise ValueError(f"key {key[:60]!r}: allowed: a tenant id or pattern of 1-{MAX_PATTERN} printable "
+                                 "ASCII characters without spaces")
+        return value
+
+    @property
+    def enabled(self) -> bool:
+        return self.to_rules(60).enabled
+
+    def to_rules(self, lease_s: int) -> LimitSettings:
+        """The front door's settings; a stream's lease outlives the function's longest request."""
+        def rule(section: TenantLimitSettings) -> TenantLimits:
+            return TenantLimits(**{name: getattr(section, name) for name in LIMIT_NAMES})
+
+        return LimitSettings(default=rule(self), tenants=tuple((key, rule(value)) for key, value in self.tenants.items()),
+                             on_store_error=self.on_store_error, store_timeout_ms=self.store_timeout_ms,
+                             lease_s=min(3600, max(10, lease_s)))
+
+
 class AdvisorSettings(_Section):
     """The [advisor] section: the routing advisor function (prefix_routing.advisor), run on a schedule
     over the last window of the normalizer's request log."""
@@ -614,6 +677,7 @@ class StageConfig(_Section):
     alarms: AlarmSettings = Field(AlarmSettings(), description="alarm thresholds")
     normalizer: NormalizerFunctionSettings = Field(NormalizerFunctionSettings(), description="the front-door function")
     advisor: AdvisorSettings = Field(AdvisorSettings(), description="the routing advisor function")
+    limits: LimitsSettings = Field(LimitsSettings(), description="per-tenant limits at the front door")
 
     @model_validator(mode="after")
     def _cross_section(self) -> "StageConfig":

@@ -7,23 +7,34 @@ tenant key's, which are the deployment's own); ``emulate --front-door`` reads th
 
 from __future__ import annotations
 
-from prefix_routing.stage.config import EndpointSettings, NormalizerFunctionSettings, RoutingSettings, StageConfig
+from prefix_routing.stage.config import (
+    EndpointSettings,
+    LimitsSettings,
+    NormalizerFunctionSettings,
+    RoutingSettings,
+    StageConfig,
+)
 
 #: Seconds kept between the front door's own deadline and Lambda's timeout, to answer 504 and log.
 DEADLINE_MARGIN_S = 5
 #: SageMaker's runtime gives a container 60 s to answer; a read waits a little longer than that.
 MAX_READ_TIMEOUT_S = 65
+#: Seconds a stream's lease outlives the function's timeout (a dead environment's slot frees then).
+LEASE_MARGIN_S = 30
 
 
 def front_door_environment(config: StageConfig) -> dict[str, str]:
     """The variables ``InvokeConfig.from_env`` reads, as the stage sets them (all strings)."""
     return function_environment(endpoint_name=config.endpoint_name, component_name=config.component_name,
-                                routing=config.routing, endpoint=config.endpoint, normalizer=config.normalizer)
+                                routing=config.routing, endpoint=config.endpoint, normalizer=config.normalizer,
+                                limits=config.limits)
 
 
 def function_environment(*, endpoint_name: str, component_name: str, routing: RoutingSettings,
-                         endpoint: EndpointSettings, normalizer: NormalizerFunctionSettings) -> dict[str, str]:
-    """The same from the stage's sections (what the normalizer construct is given)."""
+                         endpoint: EndpointSettings, normalizer: NormalizerFunctionSettings,
+                         limits: LimitsSettings | None = None) -> dict[str, str]:
+    """The same from the stage's sections (what the normalizer construct is given). With limits, the
+    deployment adds ``LIMITS_TABLE``, the table that holds the counts."""
     replication = normalizer.replication
     request_timeout_s = max(1, normalizer.timeout_s - DEADLINE_MARGIN_S)
     return {
@@ -46,4 +57,7 @@ def function_environment(*, endpoint_name: str, component_name: str, routing: Ro
         "REPLICATION_MIN_REQUESTS": repr(float(replication.min_requests)),
         "COPIES_MIN": str(endpoint.copies_min),
         "COPIES_MAX": str(endpoint.copies_max),
+        # Per-tenant limits ([limits]): a stream's lease outlives the function's longest request.
+        **({"LIMITS": limits.to_rules(normalizer.timeout_s + LEASE_MARGIN_S).to_json()}
+           if limits is not None and limits.enabled else {}),
     }

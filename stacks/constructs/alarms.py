@@ -31,7 +31,7 @@ class AlertTopic(Construct):
 
 class RoutingAlarms(Construct):
     """Attributes: ``ttft_p50``, ``hit_rate``, ``hotspot``, ``pinned_at_threshold``, ``error_rate``,
-    ``capacity_failures``, ``refused_direct_invocations`` (each a ``cloudwatch.Alarm``; ``hit_rate`` None when the container reports no
+    ``capacity_failures``, ``refused_direct_invocations``, ``limiter_store_errors`` (None without limits) (each a ``cloudwatch.Alarm``; ``hit_rate`` None when the container reports no
     cached tokens, ``pinned_at_threshold`` None without PREFIX_AWARE) and ``all``."""
 
     def __init__(
@@ -46,6 +46,7 @@ class RoutingAlarms(Construct):
         scaling: ScalingSettings,
         topic: sns.ITopic,
         cached_tokens_reported: bool = True,
+        limits_enabled: bool = False,
     ) -> None:
         super().__init__(scope, construct_id)
         periods = settings.evaluation_periods
@@ -147,6 +148,17 @@ class RoutingAlarms(Construct):
             ),
         )
         self.refused_direct_invocations.add_alarm_action(cw_actions.SnsAction(topic))
+        # With per-tenant limits: their table failed or was slow (served unchecked, or refused with 503 under
+        # limits.on_store_error = "closed").
+        self.limiter_store_errors = None if not limits_enabled else alarm(
+            "LimiterStoreErrors",
+            normalizer.limiter_store_errors(),
+            threshold=1,
+            operator=Op.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            description="The per-tenant limits could not be checked (their DynamoDB table failed or took longer than "
+            "limits.store_timeout_ms): requests were served unchecked (on_store_error open) or refused with 503 "
+            "(closed).",
+        )
         self.all = [
             a
             for a in (
@@ -157,6 +169,7 @@ class RoutingAlarms(Construct):
                 self.error_rate,
                 self.capacity_failures,
                 self.refused_direct_invocations,
+                self.limiter_store_errors,
             )
             if a is not None
         ]

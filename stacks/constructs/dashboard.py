@@ -35,6 +35,7 @@ class RoutingDashboard(Construct):
         sagemaker: SageMakerMetrics,
         alarms: list[cloudwatch.Alarm],
         advisor: AdvisorMetrics | None = None,
+        limits_enabled: bool = False,
     ) -> None:
         super().__init__(scope, construct_id)
         third = WIDTH // 3
@@ -116,6 +117,20 @@ class RoutingDashboard(Construct):
                 width=quarter,
             ),
         )
+        if limits_enabled:
+            self.dashboard.add_widgets(
+                cloudwatch.GraphWidget(
+                    title="Per-tenant limits: throttled requests (429), limits not checked (which tenants: the "
+                          "top-throttled-tenants Contributor Insights rule)",
+                    left=[normalizer.throttled_requests(), normalizer.limiter_store_errors()],
+                    width=WIDTH // 2,
+                ),
+                cloudwatch.GraphWidget(
+                    title="Per-tenant limits: admission time in the table (ms)",
+                    left=[normalizer.limiter_time("p50"), normalizer.limiter_time("p99")],
+                    width=WIDTH // 2,
+                ),
+            )
         if advisor is not None:  # advisor.enabled: its row
             self.dashboard.add_widgets(
                 cloudwatch.GraphWidget(

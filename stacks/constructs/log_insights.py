@@ -12,13 +12,13 @@ import json
 from aws_cdk import aws_cloudwatch as cloudwatch, aws_logs as logs
 from constructs import Construct
 
-from prefix_routing.rules.telemetry import REQUEST_LOG_MESSAGE, LogField as F
+from prefix_routing.rules.telemetry import LIMIT_NAMES, REQUEST_LOG_MESSAGE, LimitLogField, LogField as F
 
 ONLY_REQUEST_LINES = f"{F.MESSAGE} = '{REQUEST_LOG_MESSAGE}'"
 
 
 def prefix_reuse_query() -> logs.QueryString:
-    """Share of requests whose prefix fingerprint another request also had (the brief wants > 50 %)."""
+    """Share of requests whose prefix fingerprint another request also had (the rule of thumb: > 50 %)."""
     return logs.QueryString(
         filter_statements=[ONLY_REQUEST_LINES, f"ispresent({F.PREFIX_FINGERPRINT})"],
         # Second stats over the first's rows: every request beyond a fingerprint's first reuses it.
@@ -43,7 +43,7 @@ def top_prefixes_query(limit: int = 20) -> logs.QueryString:
     )
 
 
-def contributor_rule_body(log_group_name: str, key_field: str) -> str:
+def contributor_rule_body(log_group_name: str, key_field: str, extra_filters: list[dict] | None = None) -> str:
     return json.dumps(
         {
             "Schema": {"Name": "CloudWatchLogRule", "Version": 1},
@@ -51,7 +51,7 @@ def contributor_rule_body(log_group_name: str, key_field: str) -> str:
             "LogFormat": "JSON",
             "Contribution": {
                 "Keys": [f"$.{key_field}"],
-                "Filters": [{"Match": f"$.{F.MESSAGE}", "In": [REQUEST_LOG_MESSAGE]}],
+                "Filters": [{"Match": f"$.{F.MESSAGE}", "In": [REQUEST_LOG_MESSAGE]}, *(extra_filters or [])],
             },
             "AggregateOn": "Count",
         },
@@ -61,9 +61,11 @@ def contributor_rule_body(log_group_name: str, key_field: str) -> str:
 
 class RequestLogInsights(Construct):
     """Attributes: ``reuse_query``, ``top_prefixes_query`` (``logs.QueryDefinition``),
-    ``cfn_top_prefixes_rule``, ``cfn_top_tenants_rule`` (``CfnInsightRule``)."""
+    ``cfn_top_prefixes_rule``, ``cfn_top_tenants_rule``, ``cfn_top_throttled_tenants_rule`` (``CfnInsightRule``;
+    None without limits)."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, log_group: logs.ILogGroup, name_prefix: str) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, log_group: logs.ILogGroup, name_prefix: str,
+                 limits_enabled: bool = False) -> None:
         super().__init__(scope, construct_id)
         self.reuse_query = logs.QueryDefinition(
             self,
@@ -93,3 +95,14 @@ class RequestLogInsights(Construct):
             rule_state="ENABLED",
             rule_body=contributor_rule_body(log_group.log_group_name, F.TENANT),
         )
+        # Tenants ranked by the requests their limits refused (never a metric dimension: unbounded).
+        self.cfn_top_throttled_tenants_rule = None
+        if limits_enabled:
+            self.cfn_top_throttled_tenants_rule = cloudwatch.CfnInsightRule(
+                self,
+                "TopThrottledTenantsRule",
+                rule_name=f"{name_prefix}-top-throttled-tenants",
+                rule_state="ENABLED",
+                rule_body=contributor_rule_body(log_group.log_group_name, F.TENANT, [
+                    {"Match": f"$.{LimitLogField.THROTTLED_BY}", "In": list(LIMIT_NAMES)}]),
+            )

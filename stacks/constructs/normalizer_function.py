@@ -27,10 +27,11 @@ from pathlib import Path
 
 import jsii
 from aws_cdk import AssetHashType, BundlingOptions, DockerImage, Duration, ILocalBundling, RemovalPolicy, Stack
-from aws_cdk import aws_iam as iam, aws_lambda as lambda_, aws_logs as logs, aws_secretsmanager as secretsmanager
+from aws_cdk import aws_dynamodb as dynamodb, aws_iam as iam, aws_lambda as lambda_, aws_logs as logs
+from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
-from prefix_routing.stage.config import EndpointSettings, NormalizerFunctionSettings, RoutingSettings
+from prefix_routing.stage.config import EndpointSettings, LimitsSettings, NormalizerFunctionSettings, RoutingSettings
 from prefix_routing.stage.front_door_env import function_environment
 from stacks.constructs.lambda_assets import IGNORE, RETENTION, copy_library
 from stacks.nag import acknowledge
@@ -51,6 +52,9 @@ LIBRARY_PACKAGES = ("rules", "frontdoor")
 LWA_LAYER_ACCOUNT = "753240598075"
 LWA_LAYER_NAME = "LambdaAdapterLayerArm64"
 LWA_LAYER_VERSION = 30
+
+#: What the limiter does to its table (prefix_routing.frontdoor.limiter): no Scan, Query or DeleteItem.
+LIMITS_TABLE_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")
 
 #: The handler is the adapter's start-up command, a path in the asset (not a module.function).
 HANDLER = "run.sh"
@@ -115,6 +119,8 @@ class NormalizerFunction(Construct):
         endpoint: EndpointSettings,
         settings: NormalizerFunctionSettings,
         code: lambda_.Code,
+        limits: LimitsSettings | None = None,
+        limits_table: dynamodb.ITable | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self.log_group = logs.LogGroup(
@@ -159,6 +165,10 @@ class NormalizerFunction(Construct):
         self.role.add_to_policy(
             iam.PolicyStatement(actions=["sagemaker:DescribeInferenceComponent"], resources=[component_arn])
         )
+        # Per-tenant limits: the three item operations the limiter makes, on its own table only.
+        if limits_table is not None:
+            self.role.add_to_policy(iam.PolicyStatement(actions=list(LIMITS_TABLE_ACTIONS),
+                                                        resources=[limits_table.table_arn]))
         # Read the one secret, nothing else (no DescribeSecret, no other secret).
         self.role.add_to_policy(
             iam.PolicyStatement(actions=["secretsmanager:GetSecretValue"], resources=[self.tenant_key.secret_arn])
@@ -187,7 +197,8 @@ class NormalizerFunction(Construct):
                 # The front door (prefix_routing.frontdoor.InvokeConfig.from_env), as the stage sets it: the
                 # same mapping the local front door (emulate --front-door) reads.
                 **function_environment(endpoint_name=endpoint_name, component_name=component_name,
-                                       routing=routing, endpoint=endpoint, normalizer=settings),
+                                       routing=routing, endpoint=endpoint, normalizer=settings, limits=limits),
+                **({"LIMITS_TABLE": limits_table.table_name} if limits_table is not None else {}),
                 "TENANT_KEY_SECRET_ARN": self.tenant_key.secret_arn,  # where the key is, not the key
             },
         )

@@ -323,3 +323,25 @@ def test_handler_builds_its_clients_from_the_environment(monkeypatch):
         stubs[0].assert_no_pending_responses()
     finally:
         lambda_handler.configure(None)
+
+
+def test_with_limits_the_handler_builds_a_bounded_limiter_on_the_stages_table(monkeypatch, local_dynamo):
+    limits = '{"default":{"concurrent_streams":2},"on_store_error":"open","store_timeout_ms":40,"lease_s":150}'
+    environment_with_a_stubbed_secret(monkeypatch, {"LIMITS": limits, "LIMITS_TABLE": "tenant-limits",
+                                                    "AWS_ENDPOINT_URL_DYNAMODB": local_dynamo.url})
+    lambda_handler.configure(None)
+    try:
+        built = lambda_handler.get_invoker()
+        assert built.limiter is not None and built.limiter.store.table == "tenant-limits"
+        client_config = built.limiter.store.client.meta.config
+        assert (client_config.connect_timeout, client_config.read_timeout) == (0.04, 0.04)
+        assert client_config.retries["total_max_attempts"] == 1
+        assert built.limiter.settings.default.concurrent_streams == 2
+    finally:
+        lambda_handler.configure(None)
+    monkeypatch.delenv("LIMITS")
+    lambda_handler.configure(None)
+    try:
+        assert lambda_handler.get_invoker().limiter is None  # no limits: no store, no call
+    finally:
+        lambda_handler.configure(None)

@@ -1,0 +1,184 @@
+"""Per-tenant limits: which limits apply to a tenant, and what one admission decides.
+
+The front door enforces them in a store shared by every execution environment
+(:mod:`prefix_routing.frontdoor.limiter`); the lab models the same rule. This module is the rule
+itself, standard library only, with no clock of its own (callers pass ``now``):
+
+- **Which limits.** A stage's ``[limits]`` gives defaults per tenant and named overrides
+  (``[limits.tenants."<id or pattern>"]``): a tenant's own id first, else the first pattern (in the
+  order written; ``*`` and ``?`` as in shell patterns) that matches it, else the defaults. An
+  override sets some limits; the others are the defaults'. Unset means unlimited.
+- **Requests and tokens per minute** are counted per calendar minute (UTC, from the epoch): a
+  request is admitted while the minute's count is below ``requests_per_minute``, and while the
+  minute's tokens plus the request's estimate (its prompt, from the body's size) stay within
+  ``tokens_per_minute``; the answer's own usage (prompt + completion) then replaces the estimate.
+  A fixed window: across a minute's boundary a tenant can send up to twice a limit in a short span
+  (the price of one atomic write per admission).
+- **Concurrent streams**: a request holds a lease from admission to the end of its answer; a lease
+  expires ``lease_s`` after it was taken, so an execution environment that died mid-stream frees
+  its slot then.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Final, Mapping
+
+from prefix_routing.rules.errors import _describe
+from prefix_routing.rules.telemetry import LIMIT_NAMES
+
+#: The names of the three limits (a stage's fields, the JSON error's ``limit``, the log line's): the
+#: telemetry module's, which the stacks' Contributor Insights rule reads too.
+REQUESTS_PER_MINUTE, TOKENS_PER_MINUTE, CONCURRENT_STREAMS = LIMIT_NAMES
+STORE_ERROR_MODES: Final = ("open", "closed")
+#: The most a limit may be (beyond it a limit is no limit) and the most overrides a stage names (the
+#: settings travel in the function's environment, 4 KB in all).
+MAX_LIMIT: Final = 10**9
+MAX_OVERRIDES: Final = 32
+MAX_PATTERN: Final = 256
+#: Bytes of a request body per prompt token in the up-front estimate (English text and JSON: about 4).
+BYTES_PER_TOKEN_ESTIMATE: Final = 4
+WINDOW_S: Final = 60
+
+
+@dataclass(frozen=True)
+class TenantLimits:
+    """The limits of one tenant (None: unlimited)."""
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    concurrent_streams: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in LIMIT_NAMES:
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or not 1 <= value <= MAX_LIMIT):
+                raise ValueError(f"limits.{name}: got {_describe(value)}; allowed: a whole number from 1 to {MAX_LIMIT}")
+
+    @property
+    def unlimited(self) -> bool:
+        return all(getattr(self, name) is None for name in LIMIT_NAMES)
+
+    def over(self, defaults: TenantLimits) -> TenantLimits:
+        """These limits where set, the defaults' elsewhere."""
+        return TenantLimits(**{name: getattr(self, name) if getattr(self, name) is not None else getattr(defaults, name)
+                               for name in LIMIT_NAMES})
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in LIMIT_NAMES if getattr(self, name) is not None}
+
+
+DEFAULT_RULE: Final = "default"
+
+
+@dataclass(frozen=True)
+class LimitSettings:
+    """A stage's ``[limits]``: ``default`` per tenant, ``tenants`` (pattern → override, in order),
+    ``on_store_error`` (``open``: serve and count; ``closed``: refuse with 503), ``store_timeout_ms``
+    (the most one store call may take), ``lease_s`` (how long a stream's slot is held at most)."""
+
+    default: TenantLimits = field(default_factory=TenantLimits)
+    tenants: tuple[tuple[str, TenantLimits], ...] = ()
+    on_store_error: str = "open"
+    store_timeout_ms: int = 50
+    lease_s: int = 900
+
+    def __post_init__(self) -> None:
+        if self.on_store_error not in STORE_ERROR_MODES:
+            raise ValueError(f"limits.on_store_error: got {_describe(self.on_store_error)}; allowed: open or closed")
+        if not isinstance(self.store_timeout_ms, int) or not 5 <= self.store_timeout_ms <= 5000:
+            raise ValueError(f"limits.store_timeout_ms: got {_describe(self.store_timeout_ms)}; allowed: 5 to 5000")
+        if not isinstance(self.lease_s, int) or not 10 <= self.lease_s <= 3600:
+            raise ValueError(f"limits.lease_s: got {_describe(self.lease_s)}; allowed: 10 to 3600")
+        if len(self.tenants) > MAX_OVERRIDES:
+            raise ValueError(f"limits.tenants: {len(self.tenants)} overrides; allowed: at most {MAX_OVERRIDES}")
+        for pattern, _ in self.tenants:
+            if not isinstance(pattern, str) or not 1 <= len(pattern) <= MAX_PATTERN or not pattern.isprintable():
+                raise ValueError(f"limits.tenants: key {_describe(pattern)}; allowed: a tenant id or pattern of "
+                                 f"1-{MAX_PATTERN} printable characters")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any tenant has a limit (else the front door never calls the store)."""
+        return not self.default.unlimited or any(not limits.unlimited for _, limits in self.tenants)
+
+    def for_tenant(self, tenant: str) -> tuple[str, TenantLimits]:
+        """(the rule that applies: the override's key or ``default``, the tenant's limits)."""
+        for pattern, limits in self.tenants:
+            if pattern == tenant:
+                return pattern, limits.over(self.default)
+        for pattern, limits in self.tenants:
+            if _is_pattern(pattern) and fnmatch.fnmatchcase(tenant, pattern):
+                return pattern, limits.over(self.default)
+        return DEFAULT_RULE, self.default
+
+    def to_json(self) -> str:
+        """The compact form the stack puts in the function's environment (``LIMITS``)."""
+        data: dict[str, Any] = {"default": self.default.as_dict(), "on_store_error": self.on_store_error,
+                                "store_timeout_ms": self.store_timeout_ms, "lease_s": self.lease_s}
+        if self.tenants:
+            data["tenants"] = [[pattern, limits.as_dict()] for pattern, limits in self.tenants]
+        return json.dumps(data, separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> LimitSettings:
+        """From :meth:`to_json`'s object (ValueError names what is wrong)."""
+        if not isinstance(data, Mapping):
+            raise ValueError("limits: not an object")
+        unknown = set(data) - {"default", "tenants", "on_store_error", "store_timeout_ms", "lease_s"}
+        if unknown:
+            raise ValueError(f"limits: unknown keys {sorted(unknown)}")
+        tenants = data.get("tenants") or []
+        if not isinstance(tenants, list) or not all(isinstance(t, list) and len(t) == 2 for t in tenants):
+            raise ValueError("limits.tenants: not a list of [pattern, limits]")
+        return cls(default=_limits(data.get("default") or {}),
+                   tenants=tuple((pattern, _limits(limits)) for pattern, limits in tenants),
+                   on_store_error=data.get("on_store_error", "open"),
+                   store_timeout_ms=data.get("store_timeout_ms", 50), lease_s=data.get("lease_s", 900))
+
+
+def _limits(data: Any) -> TenantLimits:
+    if not isinstance(data, Mapping) or set(data) - set(LIMIT_NAMES):
+        raise ValueError(f"limits: {_describe(data)}; allowed: an object of {', '.join(LIMIT_NAMES)}")
+    return TenantLimits(**dict(data))
+
+
+def _is_pattern(text: str) -> bool:
+    return any(c in text for c in "*?[")
+
+
+def window_of(now_s: float) -> int:
+    """The calendar minute (from the epoch) a request at ``now_s`` is counted in."""
+    return int(now_s // WINDOW_S)
+
+
+def window_reset_s(now_s: float) -> int:
+    """Whole seconds until the current minute's counts start again (at least 1)."""
+    return max(1, math.ceil((window_of(now_s) + 1) * WINDOW_S - now_s))
+
+
+def token_estimate(body_bytes: int) -> int:
+    """The prompt tokens charged up front: the body's bytes ÷ 4, at least 1."""
+    return max(1, body_bytes // BYTES_PER_TOKEN_ESTIMATE)
+
+
+def window_admits(limits: TenantLimits, requests: int, tokens: int, estimate: int) -> str | None:
+    """None if a request with ``estimate`` tokens fits a minute that holds ``requests`` and
+    ``tokens`` so far, else the name of the limit it would exceed (requests first)."""
+    if limits.requests_per_minute is not None and requests >= limits.requests_per_minute:
+        return REQUESTS_PER_MINUTE
+    if limits.tokens_per_minute is not None and tokens + estimate > limits.tokens_per_minute:
+        return TOKENS_PER_MINUTE
+    return None
+
+
+def streams_admit(limits: TenantLimits, leases: Mapping[str, float], now_s: float) -> bool:
+    """Whether one more stream fits beside ``leases`` (lease → expiry, epoch seconds; expired ones
+    no longer count)."""
+    if limits.concurrent_streams is None:
+        return True
+    return sum(1 for expires in leases.values() if expires > now_s) < limits.concurrent_streams
