@@ -180,7 +180,7 @@ def _run_on_engines(args, config, faults) -> int:
 
 
 def _serve(args, config, server, model: str) -> None:
-    front_door = None
+    front_door = store = None
     try:
         print(
             f"emulating {config.endpoint_name} / {config.component_name} ({config.routing.strategy}) at {server.url}\n"
@@ -194,9 +194,18 @@ def _serve(args, config, server, model: str) -> None:
             from prefix_routing.frontdoor.local import LocalFrontDoor
             from prefix_routing.stage.front_door_env import front_door_environment
 
-            front_door = LocalFrontDoor(server.url, front_door_environment(config), port=args.front_door)
+            store_url = None
+            if config.limits.enabled:  # the limits' counts in a real DynamoDB-compatible store, started here
+                from prefix_routing.emulator.local_store import LocalDynamo
+
+                store = LocalDynamo()
+                store_url = store.url
+            front_door = LocalFrontDoor(server.url, front_door_environment(config), port=args.front_door,
+                                        limits_store_url=store_url)
+            limits = (f"  per-tenant limits {config.limits.to_rules(60).default.as_dict() or 'by tenant'}: counts in "
+                      f"dynalite at {store_url} (pid {store.pid})\n" if store is not None else "")
             print(
-                f"front door (tenancy {config.normalizer.tenancy}) at {front_door.url}\n"
+                f"front door (tenancy {config.normalizer.tenancy}) at {front_door.url}\n{limits}"
                 f"  call it as the Function URL: SigV4-signed for service lambda, region us-east-1; the access key id "
                 f"names the caller (arn:aws:iam::000000000000:user/<key id>)\n"
                 f"  a direct invocation as the adapter forwards one: POST {front_door.url}/events with "
@@ -215,6 +224,8 @@ def _serve(args, config, server, model: str) -> None:
         _stopper.stopping = True  # from here on a signal must not cut the stopping short
         if front_door is not None:
             front_door.stop()
+        if store is not None:
+            store.stop()
         server.stop()
 
 

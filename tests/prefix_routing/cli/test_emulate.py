@@ -133,3 +133,31 @@ def test_emulate_front_door_serves_the_openai_sdk_and_refuses_a_forged_direct_in
     finally:
         process.kill()
         process.wait(10)
+
+
+def test_emulate_front_door_starts_the_limits_store_when_the_stage_sets_limits_and_stops_it(tmp_path):
+    import os
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    from prefix_routing.stage.config import CONFIG_DIR
+
+    for stage in CONFIG_DIR.glob("*.toml"):
+        shutil.copy(stage, tmp_path)
+    (tmp_path / "limited.toml").write_text((CONFIG_DIR / "llama8b-g6e.toml").read_text().replace(
+        'name = "llama8b-g6e"', 'name = "limited"') + "\n[limits]\nconcurrent_streams = 2\n")
+    done = subprocess.run([sys.executable, "-m", "prefix_routing", "emulate", "--stage", "limited", "--port", "0",
+                           "--front-door", "0", "--duration", "1"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PREFIX_ROUTING_CONFIG_DIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    found = re.search(r"counts in dynalite at http://127\.0\.0\.1:\d+ \(pid (\d+)\)", done.stderr)
+    assert found, done.stderr
+    pid = int(found.group(1))
+    try:
+        os.kill(pid, 0)
+        alive = True
+    except ProcessLookupError:
+        alive = False
+    assert not alive  # stopped by its pid when emulate ended

@@ -1,0 +1,148 @@
+"""Per-tenant limits end to end: several front-door processes sharing one real store (dynalite), the
+emulated runtime behind them, SigV4-signed callers in front, as in production several execution
+environments share the table.
+
+- Exactness: however many of a tenant's callers press at once, the endpoint never has more than
+  its ``concurrent_streams`` of that tenant's answers in flight (from the emulator's own record).
+- A front door killed mid-stream holds its slot only until its lease runs out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+
+from prefix_routing.emulator.echo_backend import EchoBackend
+from prefix_routing.emulator.server import serve_runtime
+from prefix_routing.rules.limits import LimitSettings, TenantLimits
+
+ROOT = Path(__file__).resolve().parents[1]
+ENDPOINT, COMPONENT = "test-prefix-llm", "test-prefix-llm-ic"
+
+_FRONT_DOOR = """
+import json, sys, time
+from prefix_routing.frontdoor.local import LocalFrontDoor
+environment = json.loads(sys.argv[1])
+door = LocalFrontDoor(sys.argv[2], environment, limits_store_url=sys.argv[3], emit=lambda line: None)
+print(door.server.server_address[1], flush=True)
+time.sleep(3600)
+"""
+
+
+def _environment(limit: int, table: str, lease_s: int = 60) -> dict[str, str]:
+    limits = LimitSettings(default=TenantLimits(concurrent_streams=limit), store_timeout_ms=2000, lease_s=lease_s)
+    return {"ENDPOINT_NAME": ENDPOINT, "INFERENCE_COMPONENT_NAME": COMPONENT, "TENANCY": "iam",
+            "LIMITS": limits.to_json(), "LIMITS_TABLE": table}
+
+
+class FrontDoors:
+    """Front-door processes on 127.0.0.1, each stopped by its own pid."""
+
+    def __init__(self) -> None:
+        self.processes: list[subprocess.Popen] = []
+
+    def start(self, environment: dict, runtime_url: str, store_url: str) -> int:
+        process = subprocess.Popen([sys.executable, "-c", _FRONT_DOOR, json.dumps(environment), runtime_url, store_url],
+                                   cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+        self.processes.append(process)
+        line = process.stdout.readline()
+        assert line.strip().isdigit(), f"a front door did not start: {line!r}"
+        return int(line)
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                os.kill(process.pid, signal.SIGKILL)
+                process.wait(10)
+
+
+@pytest.fixture
+def doors():
+    started = FrontDoors()
+    yield started
+    started.stop()
+
+
+def _call(port: int, tenant: str = "tenant-a", *, read: bool = True, timeout: float = 30):
+    body = json.dumps({"messages": [{"role": "user", "content": "one two three four five six"}],
+                       "stream": True, "max_tokens": 6}).encode()
+    url = f"http://127.0.0.1:{port}/"
+    signed = AWSRequest(method="POST", url=url, data=body, headers={"content-type": "application/json"})
+    SigV4Auth(Credentials(tenant, "not-checked-locally"), "lambda", "us-east-1").add_auth(signed)
+    request = urllib.request.Request(url, data=body, method="POST", headers=dict(signed.headers.items()))
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout)
+    except urllib.error.HTTPError as refused:
+        return refused.code, {k.lower(): v for k, v in refused.headers.items()}, json.loads(refused.read())
+    if not read:
+        return response.status, dict(response.headers), response
+    return response.status, dict(response.headers), response.read()
+
+
+def _most_in_flight(records) -> int:
+    """The most answers in flight at once, from the emulator's arrival and finish times."""
+    events = sorted([(r.request.arrival, 1) for r in records] + [(r.finished_at, -1) for r in records])
+    most = current = 0
+    for _, step in events:
+        current += step
+        most = max(most, current)
+    return most
+
+
+def test_a_tenant_never_has_more_streams_in_flight_than_its_limit_across_front_doors(local_dynamo, doors):
+    limit, callers, rounds = 3, 12, 3
+    with serve_runtime(EchoBackend(first_chunk_delay=0.05, token_delay=0.05, max_tokens=6),
+                       endpoints=[ENDPOINT]) as runtime:
+        environment = _environment(limit, "limits-exact")
+        ports = [doors.start(environment, runtime.url, local_dynamo.url) for _ in range(2)]
+        statuses: list[int] = []
+
+        def caller(index: int) -> None:
+            for round_ in range(rounds):
+                statuses.append(_call(ports[(index + round_) % 2])[0])
+
+        threads = [threading.Thread(target=caller, args=(i,)) for i in range(callers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        runtime.wait_until_idle(10)
+        served = [r for r in runtime.requests if r.outcome == "ok"]
+    assert sorted(set(statuses)) == [200, 429] and len(statuses) == callers * rounds
+    assert len(served) == statuses.count(200)  # every admitted request, and only they, reached the endpoint
+    assert _most_in_flight(served) <= limit
+    assert _most_in_flight(served) == limit  # the pressure did fill the limit: the check is not vacuous
+
+
+def test_a_front_door_killed_mid_stream_holds_its_slot_only_until_its_lease_runs_out(local_dynamo, doors):
+    lease_s = 10
+    with serve_runtime(EchoBackend(first_chunk_delay=0.05, token_delay=0.5, max_tokens=60),
+                       endpoints=[ENDPOINT]) as runtime:
+        environment = _environment(1, "limits-crash", lease_s=lease_s)
+        doomed = doors.start(environment, runtime.url, local_dynamo.url)
+        survivor = doors.start(environment, runtime.url, local_dynamo.url)
+        status, _, stream = _call(doomed, read=False)  # a 30 s answer holds the tenant's one slot
+        assert status == 200 and stream.read1(100)
+        taken_at = time.monotonic()
+        os.kill(doors.processes[0].pid, signal.SIGKILL)  # its environment dies: nothing gives the slot back
+        doors.processes[0].wait(10)
+        status, headers, body = _call(survivor)
+        assert status == 429 and body["error"]["limit"] == "concurrent_streams" and headers["retry-after"] == "1"
+        while time.monotonic() - taken_at < lease_s + 1:
+            time.sleep(0.25)
+        status, _, _ = _call(survivor)
+        assert status == 200  # the lease ran out: the slot is free again
