@@ -171,9 +171,6 @@ class Invoker:
         finally:
             if not state.concluded:
                 self._conclude(request, record, state)
-            if self.limiter is not None:  # after the answer's end: off the caller's path
-                used = None if record.prompt_tokens is None else record.prompt_tokens + (record.output_tokens or 0)
-                self.limiter.finish(state.admission, used)
 
     def _conclude(self, request: FrontRequest, record: RequestRecord, state: _State) -> None:
         """Close the upstream stream and write the request's telemetry, once."""
@@ -183,6 +180,12 @@ class Invoker:
         if state.opened is not None:
             _close_body(state.opened.response)
         record.wall_ms = _since_ms(request.arrival, self.clock())
+        if self.limiter is not None:
+            # Before the answer's end reaches the adapter: in Lambda nothing after it is sure to run
+            # before the environment is frozen (a lease left would hold the slot until it expires).
+            used = None if record.prompt_tokens is None else record.prompt_tokens + (record.output_tokens or 0)
+            self.limiter.finish(state.admission, used)
+            state.admission = None
         if record.status is None:
             record.status = 500
         if self.replicas is not None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -162,9 +163,19 @@ class DynamoLimitStore:
         attributes = answer.get("Attributes") or {}
         return _int(attributes.get("r")), _int(attributes.get("tk"))
 
-    def correct_tokens(self, tenant: str, window: int, delta: int) -> None:
+    def correct_window(self, tenant: str, window: int, requests: int, tokens: int) -> None:
+        """Add ``requests`` and ``tokens`` (negative: take back) to the minute's counts."""
         self.client.update_item(TableName=self.table, Key={KEY: {"S": f"window#{tenant}#{window}"}},
-                                UpdateExpression="ADD tk :d", ExpressionAttributeValues={":d": {"N": str(delta)}})
+                                UpdateExpression="ADD r :r, tk :t",
+                                ExpressionAttributeValues={":r": {"N": str(requests)}, ":t": {"N": str(tokens)}})
+
+
+def _failure(call: Callable[[], Any]) -> BaseException | None:
+    try:
+        call()
+    except Exception as error:  # noqa: BLE001 - returned to the caller, which decides
+        return error
+    return None
 
 
 def _num(value: float) -> str:
@@ -193,7 +204,7 @@ def _leases(item: Any) -> dict[str, float] | None:
 class Limiter:
     """Admits a tenant's request before the endpoint is called and frees what it held after.
 
-    ``store`` is a :class:`DynamoLimitStore` (or anything with its four methods); ``clock`` gives
+    ``store`` is a :class:`DynamoLimitStore` (or anything with its methods); ``clock`` gives
     epoch seconds; ``new_lease`` a fresh lease id.
     """
 
@@ -203,6 +214,9 @@ class Limiter:
         self.store = store
         self.clock = clock
         self.new_lease = new_lease
+        # The stream's lease and the minute's count are two items: written side by side, the admission
+        # takes one round trip, not two (and so does the end of the answer).
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="limiter")
 
     def admit(self, tenant: str, body_bytes: int) -> Admission | None:
         """The request's admission (None: the tenant has no limit); raises :class:`Throttled` or
@@ -214,12 +228,15 @@ class Limiter:
         now = self.clock()
         admission = Admission(tenant, rule, limits)
         try:
-            self._take_stream(admission, now)
-            try:
-                self._charge_window(admission, body_bytes, now)
-            except BaseException:
-                self._give_stream(admission)
-                raise
+            stream = (self._pool.submit(self._take_stream, admission, now)
+                      if limits.concurrent_streams is not None else None)
+            failures = [_failure(lambda: self._charge_window(admission, body_bytes, now))]
+            if stream is not None:
+                failures.append(_failure(stream.result))
+            if any(failures):  # give back what the other write took, then say why
+                self._undo(admission)
+                store_failure = next((f for f in failures if f is not None and not isinstance(f, Throttled)), None)
+                raise store_failure or next(f for f in failures if f is not None)
         except Throttled:
             raise
         except Exception:  # noqa: BLE001 - the store failed (timeout, connection, throttling, a bug of its own)
@@ -273,16 +290,28 @@ class Limiter:
         return headers
 
     def finish(self, admission: Admission | None, tokens_used: int | None) -> None:
-        """Free the stream and replace the token estimate by the engine's usage (when reported).
-        Never raises: a failure here leaves the lease to expire and the estimate in the count."""
+        """Free the stream and replace the token estimate by the engine's usage (when reported), side
+        by side. Never raises: a failure here leaves the lease to expire and the estimate in the count."""
         if admission is None or admission.store_error:
             return
-        self._give_stream(admission)
+        stream = self._pool.submit(self._give_stream, admission) if admission.lease is not None else None
         if admission.window is not None and admission.limits.tokens_per_minute is not None and tokens_used is not None:
             try:
-                self.store.correct_tokens(admission.tenant, admission.window, tokens_used - admission.estimate)
+                self.store.correct_window(admission.tenant, admission.window, 0, tokens_used - admission.estimate)
             except Exception:  # noqa: BLE001 - the count keeps the estimate
                 pass
+        if stream is not None:
+            stream.result()
+
+    def _undo(self, admission: Admission) -> None:
+        """Give back a refused request's lease and its count in the minute."""
+        self._give_stream(admission)
+        if admission.window is not None:
+            try:
+                self.store.correct_window(admission.tenant, admission.window, -1, -admission.estimate)
+            except Exception:  # noqa: BLE001 - the minute keeps one request too many
+                pass
+            admission.window = None
 
     def _give_stream(self, admission: Admission) -> None:
         if admission.lease is None:

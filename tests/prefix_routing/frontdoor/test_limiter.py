@@ -141,3 +141,13 @@ def test_an_unlimited_tenant_never_touches_the_store():
     settings = LimitSettings(tenants=(("arn:aws:iam::1:role/Batch*", TenantLimits(concurrent_streams=1)),))
     gate = Limiter(settings, NoStore())
     assert gate.admit("arn:aws:iam::1:role/ChatApp", 100) is None
+
+
+def test_a_refused_stream_gives_back_the_minutes_count_it_took(local_dynamo, table):
+    gate = limiter(local_dynamo, table, Clock(), requests_per_minute=2, concurrent_streams=1)
+    first = gate.admit("acme", 100)  # the minute holds 1
+    with pytest.raises(Throttled) as refused:
+        gate.admit("acme", 100)  # the stream is taken: refused, and its count in the minute given back
+    assert refused.value.limit == "concurrent_streams"
+    gate.finish(first, tokens_used=None)
+    assert gate.admit("acme", 100).headers["x-ratelimit-remaining-requests"] == "0"  # 2 of 2, not 3
