@@ -146,3 +146,38 @@ def test_a_front_door_killed_mid_stream_holds_its_slot_only_until_its_lease_runs
             time.sleep(0.25)
         status, _, _ = _call(survivor)
         assert status == 200  # the lease ran out: the slot is free again
+
+
+def test_a_noisy_tenant_is_refused_with_retry_after_and_the_quiet_one_is_served(local_dynamo):
+    """The noisy-neighbour scenario's counts (its latencies are bench/bench_noisy_neighbour.py's): 8 callers
+    of one tenant against a limit of 2 streams, one caller of another tenant."""
+    from prefix_routing.frontdoor.local import LOCAL_TENANT_KEY, LocalFrontDoor
+    from prefix_routing.rules.identity import routing_identity
+
+    lines: list[str] = []
+    with serve_runtime(EchoBackend(first_chunk_delay=0.05, token_delay=0.03, max_tokens=6),
+                       endpoints=[ENDPOINT]) as runtime:
+        with LocalFrontDoor(runtime.url, _environment(2, "limits-noisy"), emit=lines.append,
+                            limits_store_url=local_dynamo.url) as door:
+            port = door.server.server_address[1]
+            answers: dict[str, list] = {"noisy": [], "quiet": []}
+
+            def caller(tenant: str, count: int) -> None:
+                for _ in range(count):
+                    answers[tenant].append(_call(port, tenant)[:2])
+
+            threads = [threading.Thread(target=caller, args=("noisy", 5)) for _ in range(8)]
+            threads.append(threading.Thread(target=caller, args=("quiet", 5)))
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(120)
+        runtime.wait_until_idle(10)
+        records = list(runtime.requests)
+    noisy_statuses = [status for status, _ in answers["noisy"]]
+    assert noisy_statuses.count(429) > 0 and noisy_statuses.count(200) > 0
+    assert all(headers["retry-after"] == "1" for status, headers in answers["noisy"] if status == 429)
+    assert [status for status, _ in answers["quiet"]] == [200] * 5  # its own slots: never refused
+    noisy_id = routing_identity("arn:aws:iam::000000000000:user/noisy", None, LOCAL_TENANT_KEY).prefix_aware_id
+    noisy_served = [r for r in records if r.request.headers.prefix_aware_id == noisy_id]
+    assert len(noisy_served) == noisy_statuses.count(200) and _most_in_flight(noisy_served) <= 2
