@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prefix_routing.frontdoor.config import _STATUS_CLIENT_CLOSED, JSON_HEADERS, InvokeConfig
-from prefix_routing.frontdoor.limiter import Admission, Limiter, LimitsUnavailable, Throttled
+from prefix_routing.frontdoor.limiter import Admission, Limiter, admit_request
 from prefix_routing.frontdoor.prepare import prepare
 from prefix_routing.frontdoor.record import RequestRecord, Telemetry
 from prefix_routing.frontdoor.replicas import Replicas
@@ -198,16 +198,9 @@ class Invoker:
             prepared = prepare(request, self.config, self.key)
         except RequestError as error:
             record.normalize_ms = error.normalize_ms
-            record.status, record.error_kind, record.error_field = error.status, error.code, error.field
-            record.origin = "client"
-            headers = dict(JSON_HEADERS)
-            if error.status == 405:
-                headers["allow"] = "POST"
-            state.head_sent = True
-            yield Head(error.status, _with_request_id(headers, request))
-            yield _json_bytes(error.body())
-            self._conclude(request, record, state)
-            yield Outcome(error.status, error.body()["error"], record)
+            record.error_field, record.origin = error.field, "client"
+            yield from self._answer_error(request, record, state, error.status, error.code, error.body(),
+                                          {"allow": "POST"} if error.status == 405 else {})
             return
         record.tenant, record.application = prepared.tenant, prepared.application
         record.routing_id = prepared.identity.prefix_aware_id
@@ -218,9 +211,9 @@ class Invoker:
         record.body_bytes = len(prepared.normalized.body)
         record.normalize_ms = prepared.normalize_ms
         if self.limiter is not None:
-            refused = self._admit(prepared, record, state)
-            if refused is not None:
-                yield from self._refuse(request, record, state, *refused)
+            refusal = admit_request(self.limiter, prepared.tenant, len(prepared.normalized.body), record, state)
+            if refusal is not None:
+                yield from self._answer_error(request, record, state, *refusal)
                 return
         deadline = self._deadline(request)
         prefix_aware_id = prepared.identity.prefix_aware_id
@@ -230,17 +223,10 @@ class Invoker:
         try:
             opened = state.opened = self.upstream.open(prepared, record, deadline, prefix_aware_id)
         except UpstreamError as error:
-            record.status, record.error_kind = error.status, error.kind
             record.origin = _ORIGINS.get(error.kind, "upstream")
-            headers = {**JSON_HEADERS, **state.limit_headers}
-            if error.status == 429:
-                headers["retry-after"] = str(max(1, math.ceil(self.config.backoff_max_s)))
-            body = error.body(record.attempts)
-            state.head_sent = True
-            yield Head(error.status, _with_request_id(headers, request))
-            yield _json_bytes(body)
-            self._conclude(request, record, state)
-            yield Outcome(error.status, body["error"], record)
+            retry = {"retry-after": str(max(1, math.ceil(self.config.backoff_max_s)))} if error.status == 429 else {}
+            yield from self._answer_error(request, record, state, error.status, error.kind,
+                                          error.body(record.attempts), {**state.limit_headers, **retry})
             return
         record.upstream_ttft_ms = _since_ms(opened.started, opened.first_at)
         reader = state.reader = StreamReader(expects_usage=prepared.expects_usage, collect=collect)
@@ -297,34 +283,10 @@ class Invoker:
         self._conclude(request, record, state)
         yield Outcome(200, None, record, reader)
 
-    # -- per-tenant limits
-    def _admit(self, prepared, record: RequestRecord, state: _State) -> tuple[int, str, str, dict[str, str]] | None:
-        """Admit the request under its tenant's limits; (status, code, message, headers) if refused."""
-        try:
-            admission = state.admission = self.limiter.admit(prepared.tenant, len(prepared.normalized.body))
-        except Throttled as throttled:
-            record.limit_rule = self.limiter.settings.for_tenant(prepared.tenant)[0]
-            record.throttled_by = throttled.limit
-            headers = {**throttled.headers, "retry-after": str(throttled.retry_after_s)}
-            return 429, "rate_limited", throttled.message, headers
-        except LimitsUnavailable as unavailable:
-            record.limiter_store_error = True
-            return 503, "limits_unavailable", f"{unavailable}: the request is refused until they can", {}
-        if admission is not None:
-            record.limit_rule, record.limiter_ms = admission.rule, admission.took_ms
-            record.limiter_store_error = admission.store_error
-            state.limit_headers = admission.headers
-        return None
-
-    def _refuse(self, request: FrontRequest, record: RequestRecord, state: _State, status: int, code: str,
-                message: str, headers: dict[str, str]) -> Iterator[Head | bytes | Outcome]:
+    def _answer_error(self, request: FrontRequest, record: RequestRecord, state: _State, status: int, code: str,
+                      body: dict[str, Any], headers: dict[str, str]) -> Iterator[Head | bytes | Outcome]:
+        """A JSON error answered before any of the endpoint's bytes: the head, the body, the outcome."""
         record.status, record.error_kind = status, code
-        record.origin = "client" if status == 429 else "internal"
-        record.sent = False
-        body = {"error": {"code": code, "message": message, "status": status}}
-        if record.throttled_by:
-            body["error"]["limit"] = record.throttled_by
-            body["error"]["retry_after_s"] = int(headers["retry-after"])
         state.head_sent = True
         yield Head(status, _with_request_id({**JSON_HEADERS, **headers}, request))
         yield _json_bytes(body)

@@ -321,3 +321,28 @@ class Limiter:
         except Exception:  # noqa: BLE001 - the lease expires on its own
             pass
         admission.lease = None
+
+
+def admit_request(limiter: Limiter, tenant: str, body_bytes: int, record: Any,
+                  state: Any) -> tuple[int, str, dict, dict[str, str]] | None:
+    """Admit one request of the front door under its tenant's limits, noting on its ``record`` (the
+    log line) what applied and on ``state`` what it holds; if refused, (status, code, JSON body,
+    headers) of the answer: 429 over a limit, 503 when the store failed and the stage says closed."""
+    try:
+        admission = state.admission = limiter.admit(tenant, body_bytes)
+    except Throttled as throttled:
+        record.limit_rule = limiter.settings.for_tenant(tenant)[0]
+        record.throttled_by, record.origin = throttled.limit, "client"
+        body = {"error": {"code": "rate_limited", "message": throttled.message, "status": 429,
+                          "limit": throttled.limit, "retry_after_s": throttled.retry_after_s}}
+        return 429, "rate_limited", body, {**throttled.headers, "retry-after": str(throttled.retry_after_s)}
+    except LimitsUnavailable as unavailable:
+        record.limiter_store_error, record.origin = True, "internal"
+        message = f"{unavailable}: the request is refused until they can"
+        return 503, "limits_unavailable", {"error": {"code": "limits_unavailable", "message": message,
+                                                     "status": 503}}, {}
+    if admission is not None:
+        record.limit_rule, record.limiter_ms = admission.rule, admission.took_ms
+        record.limiter_store_error = admission.store_error
+        state.limit_headers = admission.headers
+    return None
