@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from dataclasses import replace
@@ -24,6 +25,7 @@ from prefix_routing.rules.errors import UserError
 
 if TYPE_CHECKING:
     from prefix_routing.lab.autoscaling import AutoscalingSettings
+    from prefix_routing.rules.limits import LimitSettings
     from prefix_routing.rules.replication import ReplicationSettings
 
 # Shared by cli/analyze.py, simulate.py and tune.py (argparse only; no behaviour of its own).
@@ -140,6 +142,48 @@ def add_trace_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
+def add_tenant_arguments(parser) -> None:
+    """--tenants and --limits (simulate, tune)."""
+    parser.add_argument("--tenants", type=_ranged_int("--tenants", 1, 1000), metavar="N",
+                        help="spread the requests over N tenants, each with its own routing id, a request's tenant "
+                        "following its conversation as `log --tenants` does (1 to 1000); --workload noisy-tenant: "
+                        "its tenants (default 8); a request log names its own")
+    parser.add_argument("--limits", metavar="FILE|off",
+                        help="per-tenant limits before the router, as the front door enforces them: a TOML or JSON "
+                        "file in the stage's [limits] shape (default: the stage's [limits] with --stage; off: none)")
+
+
+def limits_from_args(args) -> "LimitSettings | None":
+    """The per-tenant limits a run models: --limits FILE, else the stage's [limits]; None when off or unset."""
+    if not hasattr(args, "_limits"):
+        from prefix_routing.lab.tenant_limits import load_limits, stage_limits
+
+        given, stage = getattr(args, "limits", None), stage_from_args(args)
+        if given == "off":
+            settings = None
+        elif given:
+            settings = load_limits(given, stage)
+        else:
+            settings = stage_limits(stage) if stage is not None else None
+        args._limits = settings if settings is not None and settings.enabled else None
+    return args._limits
+
+
+def limits_line(args, trace: Trace | None = None) -> str:
+    """What the settings lines say of the limits: on (from where, which) or off."""
+    from prefix_routing.lab.tenant_limits import describe_limits
+
+    settings = limits_from_args(args)
+    if settings is None:
+        return "limits: off" + (" (--limits off)" if getattr(args, "limits", None) == "off" else "")
+    origin = "the stage's [limits]" if not getattr(args, "limits", None) else f"--limits {args.limits}"
+    line = (f"limits: on ({origin}): {describe_limits(settings)}; before the router, as the front door: a refused "
+            "request is throttled (open loop: dropped; closed loop: retried after Retry-After)")
+    if trace is not None and not trace.tenants:
+        line += "; the trace names no tenants: all its requests are one tenant's (--tenants N spreads them)"
+    return line
+
+
 def add_fleet_arguments(parser, *, grid: bool) -> None:
     """The fleet flags; with ``grid`` (tune) --prefix-length and --concurrency-threshold repeat."""
     parser.add_argument("--instances", type=_ranged_int("--instances", 1, 10_000), metavar="N", help="instances (default 8; 7 for --workload long-context)")
@@ -198,6 +242,7 @@ def load_from_args(args) -> tuple[Trace, "LongContextSpec | None"]:
     from prefix_routing.lab import traces
 
     spec = None
+    tenants = getattr(args, "tenants", None)
     if args.workload:
         if args.trace:
             raise UserError("give either TRACE or --workload, not both")
@@ -205,6 +250,11 @@ def load_from_args(args) -> tuple[Trace, "LongContextSpec | None"]:
         options = {} if args.zipf is None else {"zipf": args.zipf}
         if args.load_step:
             options["load_step"] = _load_step(args.load_step)
+        if options and spec_cls is not LongContextSpec:
+            raise UserError(f"{'--zipf' if args.zipf is not None else '--load-step'} shapes the long-context workload, "
+                            f"not {args.workload}")
+        if tenants is not None and "tenants" in spec_cls.__dataclass_fields__:
+            options["tenants"], tenants = tenants, None  # the workload's own tenants
         spec = spec_cls(**options)
         trace = generate(spec, seed=args.seed)
     elif args.zipf is not None or args.load_step:
@@ -228,6 +278,10 @@ def load_from_args(args) -> tuple[Trace, "LongContextSpec | None"]:
         trace = traces.load_trace(args.trace, args.format, strict=args.strict, bytes_per_token=args.bytes_per_token, **body_options)
     if args.limit:
         trace = trace.head(args.limit)
+    if tenants is not None:
+        from prefix_routing.lab.tenants import with_tenants
+
+        trace = with_tenants(trace, tenants)
     report_skipped(trace)
     return trace, spec
 
@@ -403,9 +457,9 @@ def settle_autoscaling(args, config: FleetConfig, strategies) -> FleetConfig:
     return replace(config, autoscaling=None)
 
 
-def settings_lines(args, config: FleetConfig, strategies=()) -> list[str]:
-    """Which of the stage's fleet, copy autoscaling, hot-prefix replication and the engines' cache
-    policy a run models, and where each came from."""
+def settings_lines(args, config: FleetConfig, strategies=(), trace: Trace | None = None) -> list[str]:
+    """Which of the stage's fleet, copy autoscaling, hot-prefix replication, the engines' cache
+    policy and the per-tenant limits a run models, and where each came from."""
     from prefix_routing.lab.fleet_config import autoscaling_modelled
 
     stage = stage_from_args(args)
@@ -438,6 +492,8 @@ def settings_lines(args, config: FleetConfig, strategies=()) -> list[str]:
         lines.append("replication: off")
     policy = config.cache_policy if getattr(args, "cache_policy", None) is None else f"{config.cache_policy} (--cache-policy)"
     lines.append(f"cache policy: {policy}")
+    if hasattr(args, "limits"):
+        lines.append(limits_line(args, trace))
     return lines
 
 
@@ -464,6 +520,8 @@ def settings_dict(args, config: FleetConfig) -> dict:
         "replication": None if rep is None or not rep.enabled else {
             "target_share_factor": rep.target_share_factor, "max_replicas": rep.max_replicas},
         "cache_policy": config.cache_policy,
+        **({"limits": None if (limits := limits_from_args(args)) is None else json.loads(limits.to_json())}
+           if hasattr(args, "limits") else {}),
     }
 
 

@@ -9,6 +9,8 @@ from prefix_routing import lab
 from prefix_routing.cli import lab_args
 from prefix_routing.lab.overload import WAIT_S
 from prefix_routing.lab.routing import Strategy
+from prefix_routing.lab.tenant_report import tenant_table
+from prefix_routing.lab.tenants import tenant_summary
 from prefix_routing.rules.errors import UserError
 
 HELP = "simulate an endpoint over a trace: hit rate, TTFT, load per instance for each routing strategy"
@@ -24,6 +26,7 @@ DEFAULT_STRATEGIES = (
 def add_arguments(parser) -> None:
     lab_args.add_trace_arguments(parser)
     lab_args.add_fleet_arguments(parser, grid=False)
+    lab_args.add_tenant_arguments(parser)
     parser.add_argument("--users", type=lab_args._ranged_int("--users", 1, 100_000), metavar="U",
                         help="closed loop: U clients, each sending the trace's next request when its last one has "
                         "finished, instead of the trace's arrival times (how AWS's benchmark runs)")
@@ -42,6 +45,7 @@ def run(args) -> int:
     if args.concurrency_threshold is not None:
         fixed["concurrency_threshold"] = args.concurrency_threshold
     lab_args.fleet_config_from_args(args, None, None, **fixed)  # bad flags fail before a long read
+    limits = lab_args.limits_from_args(args)
     if args.users is not None and args.speed != 1.0:
         raise UserError(f"--speed {args.speed:g} replays the trace's timing; --users {args.users} replaces it: give one")
     trace, spec = lab_args.load_from_args(args)
@@ -53,7 +57,8 @@ def run(args) -> int:
         raise UserError(f"--as-sent routes raw request bodies on their own bytes; {trace.source} is not raw bodies "
                         "(--format bodies)")
     results = lab.simulate_many(trace, config, strategies, speed=args.speed, progress=args.progress, users=args.users,
-                                as_sent=args.as_sent)
+                                as_sent=args.as_sent, limits=limits)
+    tenants = tenant_summary(trace)
     out = lab_args.plot_dir(args, "simulate")
     plots = [str(p) for p in lab.plot_simulation(results, out)] if out else []
     if args.json:
@@ -62,6 +67,7 @@ def run(args) -> int:
                 "trace": {"source": trace.source, "requests": len(trace), "duration_s": trace.duration_s, "skipped": trace.skipped.as_dict()},
                 "fleet": {**fleet_dict(config, args.speed), "users": args.users, **lab_args.settings_dict(args, config)},
                 "warnings": warnings + [w for r in results for w in result_warnings(r)],
+                "tenants": {**tenants, "by_strategy": {r.strategy: r.tenants for r in results if r.tenants is not None}},
                 "results": [r.as_dict() for r in results],
                 "plots": plots,
             }
@@ -71,8 +77,10 @@ def run(args) -> int:
               if args.users else f"replayed at {args.speed:g}×")
     print(f"trace: {trace.source}: {len(trace):,} requests over {trace.duration_s:,.0f} s, {pacing}")
     print(f"fleet: {lab_args.describe_fleet(config)}")
-    for line in lab_args.settings_lines(args, config, strategies):
+    for line in lab_args.settings_lines(args, config, strategies, trace):
         print(line)
+    if tenants["count"] > 1:
+        print(f"tenants: {tenants['count']:,} ({tenant_origin(args, trace)})")
     for warning in warnings:
         print(f"warning: {warning}")
     print(f"PREFIX_AWARE: PrefixLength {config.prefix_length} bytes = {config.key_blocks} blocks, ConcurrencyThreshold {config.concurrency_threshold}".replace(" 1 blocks,", " 1 block,"))
@@ -81,9 +89,24 @@ def run(args) -> int:
     for r in results:
         for warning in result_warnings(r):
             print(f"warning: {warning}")
+    if tenants["count"] > 1 or limits is not None:
+        for r in results:
+            print()
+            print(tenant_table(r.strategy, r.tenants))
+    if tenants["dominant"]:
+        print(f"\nwarning: {tenants['dominant']['text']}")
     if plots:
         print("\nplots: " + ", ".join(plots), file=sys.stderr)
     return 0
+
+
+def tenant_origin(args, trace) -> str:
+    """Where the trace's tenants come from."""
+    if args.workload and trace.tenants and args.tenants is None:
+        return f"the {args.workload} workload's"
+    if args.tenants is not None:
+        return f"--tenants {args.tenants}: by conversation"
+    return "the request log's"
 
 
 def result_warnings(r) -> list[str]:

@@ -15,6 +15,7 @@ HELP = "tune PrefixLength and ConcurrencyThreshold on a trace: frontier, recomme
 def add_arguments(parser) -> None:
     lab_args.add_trace_arguments(parser)
     lab_args.add_fleet_arguments(parser, grid=True)
+    lab_args.add_tenant_arguments(parser)
     parser.add_argument(
         "--max-imbalance", type=lab_args._positive_float("--max-imbalance"), default=1.2, metavar="X",
         help="largest acceptable max/mean requests per instance (default 1.2)",
@@ -26,6 +27,7 @@ def run(args) -> int:
         print(lab_args.presets_table())
         return 0
     lab_args.fleet_config_from_args(args, None, None)  # bad flags fail before a long read
+    limits = lab_args.limits_from_args(args)
     trace, spec = lab_args.load_from_args(args)
     config = lab_args.fleet_config_from_args(args, trace, spec)
     strategies = list(dict.fromkeys(args.strategy or (Strategy.RANDOM, Strategy.LEAST_OUTSTANDING_REQUESTS, Strategy.PREFIX_AWARE)))
@@ -42,6 +44,7 @@ def run(args) -> int:
         speed=args.speed,
         progress=args.progress,
         replications=replication_sweep(args),
+        limits=limits,
     )
     out = lab_args.plot_dir(args, "tune")
     result["plots"] = [str(p) for p in lab.plot_tune(result, out)] if out else []
@@ -50,7 +53,7 @@ def run(args) -> int:
     if args.json:
         lab_args.print_json(result)
         return 0
-    print(render(result, config, lab_args.settings_lines(args, config, [Strategy.PREFIX_AWARE, *baselines])))
+    print(render(result, config, lab_args.settings_lines(args, config, [Strategy.PREFIX_AWARE, *baselines], trace)))
     if result["plots"]:
         print("\nplots: " + ", ".join(result["plots"]), file=sys.stderr)
     return 0
@@ -115,6 +118,9 @@ def render(result: dict, config, settings: list[str] = ()) -> str:
     ]
     if result["note"]:
         lines.append(f"note: {result['note']}")
+    dominant = (result.get("tenants") or {}).get("dominant")
+    if dominant:
+        lines.append(f"warning: {dominant['text']}")
     verdict = result.get("verdict")
     if verdict:
         lines += ["", f"verdict: {verdict['text']}", f"  ({verdict['criterion']})"]

@@ -104,6 +104,7 @@ def advise(
         "verdict": routing_verdict(prefix_aware=best, random=random, reuse_share=reuse["prefix_reuse"]),
         "snippet": config_snippet(best["prefix_length"], best["concurrency_threshold"],
                                   config.replication if best.get("replication") is not None else None),
+        "tenants": tuned["tenants"],  # the log's tenants: how many, and one that dominates the load
     }
 
 
@@ -227,6 +228,9 @@ def render(advice: dict) -> str:
     ]
     if advice["verdict"]:
         lines.append(f"verdict: {advice['verdict']['text']}")
+    dominant = (advice.get("tenants") or {}).get("dominant")
+    if dominant:
+        lines.append(f"warning: {dominant['text']}")
     if advice["better"]:
         lines += ["", "change the stage file (config/<stage>.toml) to:", advice["snippet"].rstrip(),
                   "(a RoutingConfig change replaces the endpoint config: every copy restarts with a cold cache)"]

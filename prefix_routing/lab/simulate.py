@@ -15,8 +15,11 @@ from prefix_routing.lab.fleet_config import FleetConfig, autoscaling_error, auto
 from prefix_routing.lab.overload import WAIT_S
 from prefix_routing.lab.routing import Strategy, routing_key
 from prefix_routing.lab.slot_cache import LLAMACPP_SLOTS
+from prefix_routing.lab.tenant_report import tenant_rows
+from prefix_routing.lab.tenant_sim import TenantBook, feed_limited, new_limit_model
 from prefix_routing.lab.traces import Trace
 from prefix_routing.rules.errors import UserError
+from prefix_routing.rules.limits import LimitSettings
 
 
 @dataclass
@@ -55,6 +58,9 @@ class SimResult:
     # Instances the max/mean figures count: all, or with autoscaling those that held a provisioned copy.
     max_mean_instances: int = 0
     notes: list[str] = field(default_factory=list)  # e.g. autoscaling not modelled for this strategy
+    # Per tenant (lab/tenant_report.py), when the trace names tenants or limits are modelled; the 429s.
+    tenants: list[dict] | None = None
+    throttled: int = 0
 
     def as_dict(self) -> dict:
         total_req = sum(self.instance_requests) or 1
@@ -97,6 +103,7 @@ class SimResult:
                                 "min_requests": cfg.replication.min_requests},
                 "replicated_requests": self.replicated_requests} if cfg.replicating else {}),
             **({"notes": list(self.notes)} if self.notes else {}),
+            **({"throttled": self.throttled, "tenants": self.tenants} if self.tenants is not None else {}),
             "wall_s": self.wall_s,
         }
 
@@ -131,9 +138,13 @@ class Simulator:
     ``users``: a closed loop instead of the trace's arrival times: U clients, each sending the next
     request of the trace when its previous one has finished (how AWS's benchmark and most LLM
     benchmarks run). Throughput then measures what the fleet sustains, not what the trace offered.
+
+    ``limits``: the front door's per-tenant limits before the router (lab/tenant_sim.py); the
+    requests they refuse are counted per tenant, not served.
     """
 
-    def __init__(self, config: FleetConfig, *, speed: float = 1.0, users: int | None = None):
+    def __init__(self, config: FleetConfig, *, speed: float = 1.0, users: int | None = None,
+                 limits: LimitSettings | None = None):
         if not speed > 0:
             raise UserError(f"speed={speed}: must be > 0")
         if users is not None and (not isinstance(users, int) or isinstance(users, bool) or not 1 <= users <= 100_000):
@@ -157,6 +168,9 @@ class Simulator:
         self.source = ""
         self.rekeyed: int | None = None
         self.as_sent = False
+        self.limits = limits if limits is not None and limits.enabled else None
+        self.limit_model = None  # made by the first feed (the trace's clock places the minutes)
+        self.tenant_book: TenantBook | None = None  # per tenant, when the trace names tenants or limits apply
 
     def feed(self, trace: Trace, *, keys: list | None = None, bar=None, as_sent: bool = False) -> float:
         """Simulate the requests of ``trace``; returns the seconds the loop took. ``as_sent``: route
@@ -171,6 +185,17 @@ class Simulator:
         if trace.rekeyed is not None:
             self.rekeyed = (self.rekeyed or 0) + sum(trace.rekeyed)
         self.as_sent = self.as_sent or as_sent
+        if self.tenant_book is None and (trace.tenants or self.limits is not None):
+            self.tenant_book = TenantBook(placed=len(self.arrivals))
+        if self.limits is not None:
+            if self.limit_model is None:
+                self.limit_model = new_limit_model(self.limits, trace, config.bytes_per_token)
+            wall = feed_limited(self, trace, keys, bar)
+            self.wall_s += wall
+            self.source = self.source or trace.source
+            return wall
+        if self.tenant_book is not None:
+            self.tenant_book.placed_in_order(trace)
         arrivals, prompts, outputs, blocks = trace.arrivals, trace.prompt_tokens, trace.output_tokens, trace.blocks
         firsts = [0.0] * n
         cached = [0.0] * n
@@ -263,10 +288,12 @@ def simulate(
     bar=None,
     users: int | None = None,
     as_sent: bool = False,
+    limits: LimitSettings | None = None,
 ) -> SimResult:
-    """Replay ``trace`` through one fleet in simulated time (``users``: a closed loop, see
-    :class:`Simulator`; ``as_sent``: see :meth:`Simulator.feed`). Deterministic for a config's seed."""
-    sim = Simulator(config_for_trace(config, trace), speed=speed, users=users)
+    """Replay ``trace`` through one fleet in simulated time (``users``: a closed loop, ``limits``: the
+    per-tenant limits, see :class:`Simulator`; ``as_sent``: see :meth:`Simulator.feed`). Deterministic
+    for a config's seed."""
+    sim = Simulator(config_for_trace(config, trace), speed=speed, users=users, limits=limits)
     own_bar = bar is None
     if own_bar:
         bar = _progress(len(trace), config.strategy.value, progress)
@@ -405,6 +432,8 @@ def _result(sim: Simulator) -> SimResult:
         rekeyed_requests=sim.rekeyed,
         as_sent=sim.as_sent,
         misses=fleet.misses.as_dict(),
+        tenants=None if sim.tenant_book is None else tenant_rows(sim.tenant_book, ttft, ok, sim.outputs, span),
+        throttled=0 if sim.tenant_book is None else sim.tenant_book.throttled_total,
     )
 
 
@@ -417,6 +446,7 @@ def simulate_many(
     progress: bool | None = None,
     users: int | None = None,
     as_sent: bool = False,
+    limits: LimitSettings | None = None,
 ) -> list[SimResult]:
     """The same trace and fleet under each strategy, with one progress bar for all. With autoscaling,
     a strategy it does not model runs at fixed copies (``for_strategy``; its result says so)."""
@@ -426,7 +456,7 @@ def simulate_many(
         results = []
         for s in strategies:
             cfg = for_strategy(config, s)
-            result = simulate(trace, cfg, speed=speed, bar=bar, users=users, as_sent=as_sent)
+            result = simulate(trace, cfg, speed=speed, bar=bar, users=users, as_sent=as_sent, limits=limits)
             if config.autoscaling is not None and cfg.autoscaling is None:
                 result.notes.append(fixed_copies_note(s, cfg))
             results.append(result)

@@ -93,6 +93,9 @@ class Trace:
     # The first arrival on the trace's own clock, in seconds (epoch seconds for a request log; a
     # Mooncake trace's own, usually 0): arrivals count from it.
     origin_s: float = 0.0
+    # The tenant of each request (the request log's ``tenant``; ``--tenants N``; a generated workload's),
+    # None when the trace names none (lab/tenants.py).
+    tenants: list[str | None] | None = None
 
     def __len__(self) -> int:
         return len(self.arrivals)
@@ -128,6 +131,7 @@ class Trace:
             list(self.notes),
             self.sampled if n >= len(self) else f"the first {n:,} requests only",
             self.origin_s,
+            self.tenants[:n] if self.tenants else None,
         )
 
     def replay(self, times: int, gap_s: float | None = None) -> "Trace":
@@ -139,7 +143,7 @@ class Trace:
         gap = (self.duration_s / max(1, len(self) - 1)) if gap_s is None else gap_s
         span = self.duration_s + gap
         shift = 1 + max((max(b) for b in self.blocks if b), default=0)
-        arrivals, prompt, output, blocks, ids, rekeyed = [], [], [], [], [], []
+        arrivals, prompt, output, blocks, ids, rekeyed, tenants = [], [], [], [], [], [], []
         for r in range(times):
             offset_t, offset_id = r * span, r * shift
             arrivals.extend(t + offset_t for t in self.arrivals)
@@ -150,10 +154,12 @@ class Trace:
                 ids.extend(self.routing_ids)
             if self.rekeyed:
                 rekeyed.extend(self.rekeyed)
+            if self.tenants:
+                tenants.extend(self.tenants)
         # Raw keys are not shifted like block ids: a replay is not routed as sent.
         return Trace(
             arrivals, prompt, output, blocks, self.block_tokens, self.block_bytes, ids or None, rekeyed or None,
-            source=f"{self.source} ×{times}", lines=self.lines * times, skipped=self.skipped,
+            source=f"{self.source} ×{times}", lines=self.lines * times, skipped=self.skipped, tenants=tenants or None,
         )
 
 
@@ -223,6 +229,7 @@ class _Collector:
             rekeyed=[bool(row[5]) for row in self.rows] if any(len(row) > 5 and row[5] is not None for row in self.rows) else None,
             raw_keys=[row[6] for row in self.rows] if any(len(row) > 6 and row[6] is not None for row in self.rows) else None,
             cached_tokens=[row[7] for row in self.rows] if any(len(row) > 7 and row[7] is not None for row in self.rows) else None,
+            tenants=[row[8] for row in self.rows] if any(len(row) > 8 and row[8] is not None for row in self.rows) else None,
             source=self.source,
             lines=self.lines,
             skipped=self.skipped,

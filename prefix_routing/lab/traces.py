@@ -220,9 +220,11 @@ def _log_record(c: _Collector, where: str, text: str, state: dict, bytes_per_tok
         routing_id = str(routing_id)
     rekeyed = obj.get(F.REKEYED)  # absent in logs written before the front door judged it
     cached = obj.get(F.CACHED_TOKENS)  # None when the model reported no usage
+    tenant = obj.get(F.TENANT)  # the caller, as the front door named it (lab/tenants.py)
     c.add(where, (ts / 1000.0, prompt, output, c.intern(hashes), routing_id,
                    rekeyed if isinstance(rekeyed, bool) else None, None,
-                   min(cached, prompt) if _is_int(cached) and cached >= 0 else None))
+                   min(cached, prompt) if _is_int(cached) and cached >= 0 else None,
+                   tenant if isinstance(tenant, str) and tenant else None))
 
 
 def _finish_log(c: _Collector, state: dict, bytes_per_token: float) -> Trace:

@@ -9,8 +9,10 @@ from prefix_routing.lab.common import CANDIDATE_PREFIX_LENGTHS, CANDIDATE_THRESH
 from prefix_routing.lab.fleet_config import FleetConfig
 from prefix_routing.lab.routing import CONCURRENCY_THRESHOLD_RANGE, PREFIX_LENGTH_RANGE, Strategy
 from prefix_routing.lab.simulate import SimResult, config_for_trace, for_strategy, simulate, trace_keys
+from prefix_routing.lab.tenants import tenant_summary
 from prefix_routing.lab.traces import Trace
 from prefix_routing.rules.errors import UserError
+from prefix_routing.rules.limits import LimitSettings
 from prefix_routing.rules.replication import ReplicationSettings
 
 
@@ -27,10 +29,12 @@ def tune(
     progress: bool | None = None,
     replications: Sequence[ReplicationSettings | None] = (None,),
     reuse_share: float | None = None,
+    limits: LimitSettings | None = None,
 ) -> dict:
     """Sweep PREFIX_AWARE over PrefixLength × ConcurrencyThreshold (× hot-prefix replication: None
     for off, or settings to try), plus baseline strategies. With RANDOM among them the result has
-    the verdict (lab/verdict.py); ``reuse_share``: the trace's prefix reuse, if already analyzed.
+    the verdict (lab/verdict.py); ``reuse_share``: the trace's prefix reuse, if already analyzed;
+    ``limits``: the per-tenant limits before the router, in every run (lab/tenant_sim.py).
 
     Recommendation: among the PREFIX_AWARE points whose max/mean requests per instance is at most
     ``max_imbalance`` and whose hit rate is within ``hit_tolerance`` (relative) of the best hit rate
@@ -61,7 +65,8 @@ def tune(
     try:
         baseline_rows = []
         for s in baselines:
-            r = simulate(trace, for_strategy(config, s), speed=speed, bar=bar)  # fixed copies if not modelled
+            # (fixed copies where autoscaling is not modelled)
+            r = simulate(trace, for_strategy(config, s), speed=speed, bar=bar, limits=limits)
             baseline_rows.append(_point(r, None))
         cache: dict[tuple, SimResult] = {}
         for k, pl in by_blocks.items():
@@ -70,7 +75,7 @@ def tune(
                 for rep in replications:
                     cfg = replace(config, strategy=Strategy.PREFIX_AWARE, prefix_length=pl, concurrency_threshold=t,
                                   replication=rep)
-                    cache[(k, t, rep)] = simulate(trace, cfg, speed=speed, keys=keys, bar=bar)
+                    cache[(k, t, rep)] = simulate(trace, cfg, speed=speed, keys=keys, bar=bar, limits=limits)
         for pl in prefix_lengths:
             k = replace(config, prefix_length=pl).key_blocks
             for t in thresholds:
@@ -133,6 +138,7 @@ def tune(
                                   next((r for r in replications if r and r.target_share_factor == best["replication"]), None)),
         "prefix_lengths": prefix_lengths,
         "thresholds": thresholds,
+        "tenants": tenant_summary(trace),  # how many, and one that dominates the load (lab/tenants.py)
     }
 
 
@@ -149,6 +155,7 @@ def _point(r: SimResult, prefix_length: int | None) -> dict:
         "max_mean_requests": r.max_mean_requests,
         "spills": r.spills,
         "timeouts": r.timeouts,
+        "throttled": r.throttled,
         "waited_share": r.waited_share,
         # None: off; else the target share factor (fair shares above which a prefix is replicated)
         "replication": r.config.replication.target_share_factor if r.config.replicating else None,

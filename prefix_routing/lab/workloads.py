@@ -1,4 +1,4 @@
-"""Synthetic workloads: a reconstruction of AWS's long-context benchmark."""
+"""Synthetic workloads: a reconstruction of AWS's long-context benchmark; one noisy tenant beside quiet ones."""
 
 from __future__ import annotations
 
@@ -98,4 +98,86 @@ def long_context_workload(spec: LongContextSpec = LongContextSpec(), *, seed: in
     )
 
 
-WORKLOADS = {"long-context": (LongContextSpec, long_context_workload)}
+@dataclass(frozen=True)
+class NoisyTenantSpec:
+    """One tenant floods the endpoint beside quiet ones: the case per-tenant limits are for.
+
+    ``tenants`` tenants (``tenant-0001`` is the noisy one), each with its own system prompt (a shared
+    prefix of ``system_tokens``) and its own PrefixAwareId, as the front door gives each tenant. The
+    quiet tenants each send Poisson arrivals at ``quiet_rate_rps`` with a short unique part; the
+    noisy tenant sends ``noisy_factor`` times as often, with long unique parts (documents pasted
+    whole), for ``duration_s``. On the default fleet (2 × p5.48xlarge, Llama 3.1 70B TP8) the noisy
+    tenant alone offers more uncached prefill than its home copy can do.
+    """
+
+    tenants: int = 8
+    noisy_factor: float = 10.0
+    quiet_rate_rps: float = 0.5
+    system_tokens: int = 2000
+    quiet_tokens: tuple[int, int] = (500, 1500)
+    noisy_tokens: tuple[int, int] = (6000, 10000)
+    output_tokens: tuple[int, int] = (100, 300)
+    duration_s: float = 600.0
+    block_tokens: int = 250
+    instances: int = 2
+    preset: str = "p5.48xlarge-llama3.1-70b"
+    prefix_length: int = 4096
+    concurrency_threshold: int = 10
+
+    def fleet_config(self, **overrides) -> FleetConfig:
+        values = dict(instances=self.instances, preset=self.preset, prefix_length=self.prefix_length,
+                      concurrency_threshold=self.concurrency_threshold, block_tokens=self.block_tokens)
+        values.update(overrides)
+        return FleetConfig(**values)
+
+
+NOISY_TENANT = "tenant-0001"
+
+
+def noisy_tenant_workload(spec: NoisyTenantSpec = NoisyTenantSpec(), *, seed: int = 0) -> Trace:
+    """Generate the noisy-tenant workload (deterministic for a seed)."""
+    from prefix_routing.lab.tenants import MAX_TENANTS, tenant_name
+
+    if not (isinstance(spec.tenants, int) and 2 <= spec.tenants <= MAX_TENANTS):
+        raise UserError(f"tenants={spec.tenants!r}: the noisy-tenant workload needs 2 to {MAX_TENANTS} tenants")
+    if not (spec.noisy_factor > 0 and spec.quiet_rate_rps > 0 and spec.duration_s > 0):
+        raise UserError("noisy-tenant workload: noisy_factor, quiet_rate_rps and duration_s must be > 0")
+    bt = spec.block_tokens
+    if spec.system_tokens % bt:
+        raise UserError(f"system_tokens {spec.system_tokens} must be a multiple of block_tokens {bt}")
+    rng = random.Random(seed)
+    system_blocks = spec.system_tokens // bt
+    quiet = spec.tenants - 1
+    total_rate = spec.quiet_rate_rps * (quiet + spec.noisy_factor)
+    noisy_share = spec.noisy_factor / (quiet + spec.noisy_factor)
+    next_id = spec.tenants * system_blocks  # tenant j's system prompt is blocks [j*S, (j+1)*S)
+    arrivals, prompts, outputs, blocks, tenants = [], [], [], [], []
+    t = 0.0
+    while True:
+        t += rng.expovariate(total_rate)
+        if t > spec.duration_s:
+            break
+        j = 0 if rng.random() < noisy_share else 1 + rng.randrange(quiet)
+        unique = rng.randint(*(spec.noisy_tokens if j == 0 else spec.quiet_tokens))
+        unique_blocks = math.ceil(unique / bt)
+        ids = list(range(j * system_blocks, (j + 1) * system_blocks))
+        ids.extend(range(next_id, next_id + unique_blocks))
+        next_id += unique_blocks
+        arrivals.append(t)
+        prompts.append(spec.system_tokens + unique)
+        outputs.append(rng.randint(*spec.output_tokens))
+        blocks.append(ids)
+        tenants.append(tenant_name(j))
+    if not arrivals:
+        raise UserError("the noisy-tenant workload is empty: raise quiet_rate_rps or duration_s")
+    t0 = arrivals[0]
+    return Trace(
+        [a - t0 for a in arrivals], prompts, outputs, blocks, block_tokens=bt, routing_ids=list(tenants),
+        source=f"noisy-tenant workload (seed {seed}; {NOISY_TENANT} sends {spec.noisy_factor:g}× as often as each of "
+               f"{quiet} quiet tenants)",
+        lines=len(arrivals), tenants=tenants,
+    )
+
+
+WORKLOADS = {"long-context": (LongContextSpec, long_context_workload),
+             "noisy-tenant": (NoisyTenantSpec, noisy_tenant_workload)}
