@@ -13,7 +13,6 @@ modelled cached tokens. The log line's timestamp is the trace's arrival; its tim
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -63,8 +62,9 @@ class _Request:
 
 
 def _tenant(key: str, tenants: int) -> str:
-    index = int.from_bytes(hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()[:8], "big") % tenants
-    return f"tenant-{index + 1:04d}"
+    from prefix_routing.lab.tenants import tenant_for  # the lab's choice: simulate --tenants N gives the same
+
+    return tenant_for(key, tenants)
 
 
 class _Source:
@@ -110,11 +110,12 @@ class _Source:
 
     def _mooncake(self):
         from prefix_routing.lab.bodies import chat_body, serialize
+        from prefix_routing.lab.tenants import conversation_key
 
         t = self.trace
         for arrival, prompt, output, blocks in zip(t.arrivals, t.prompt_tokens, t.output_tokens, t.blocks):
             record = {"hash_ids": blocks, "input_length": prompt, "output_length": output}
-            conversation = str(blocks[1] if len(blocks) > 1 else blocks[0] if blocks else "")
+            conversation = conversation_key(blocks)
             yield _Request(arrival, serialize(chat_body(record)), prompt, output, conversation)
 
     def _raw(self):

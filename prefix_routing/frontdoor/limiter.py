@@ -30,6 +30,7 @@ from typing import Any, Final
 
 from prefix_routing.rules.limits import (
     CONCURRENT_STREAMS,
+    STREAM_RETRY_AFTER_S,
     REQUESTS_PER_MINUTE,
     TOKENS_PER_MINUTE,
     WINDOW_S,
@@ -47,8 +48,6 @@ KEY: Final = LIMITS_TABLE_KEY
 TTL_ATTRIBUTE: Final = LIMITS_TABLE_TTL
 #: A minute's counts are kept this long after the minute (then DynamoDB's TTL deletes them).
 WINDOW_KEEP_S: Final = 10 * WINDOW_S
-#: Seconds a refused stream is told to wait (no one knows when a stream ends).
-STREAM_RETRY_AFTER_S: Final = 1
 
 
 class Throttled(Exception):

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from prefix_routing.rules.errors import UserError
 from prefix_routing.rules.limits import (
+    STREAM_RETRY_AFTER_S,
     CONCURRENT_STREAMS,
     TOKENS_PER_MINUTE,
     LimitSettings,
@@ -43,10 +44,6 @@ from prefix_routing.rules.limits import (
 if TYPE_CHECKING:  # pydantic is imported only by whoever loaded the stage
     from prefix_routing.stage.config import StageConfig
 
-#: Seconds a client refused by ``concurrent_streams`` is told to wait: the front door's
-#: ``frontdoor.limiter.STREAM_RETRY_AFTER_S`` (the lab does not import the front door; a test checks
-#: that they agree).
-STREAM_RETRY_AFTER_S = 1
 
 
 @dataclass(frozen=True, slots=True)

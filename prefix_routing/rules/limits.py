@@ -42,6 +42,8 @@ MAX_PATTERN: Final = 256
 #: Bytes of a request body per prompt token in the up-front estimate (English text and JSON: about 4).
 BYTES_PER_TOKEN_ESTIMATE: Final = 4
 WINDOW_S: Final = 60
+#: Seconds a request refused by ``concurrent_streams`` is told to wait (no one knows when a stream ends).
+STREAM_RETRY_AFTER_S: Final = 1
 
 
 @dataclass(frozen=True)

@@ -179,7 +179,7 @@ def test_overrides_apply_to_their_tenants_only():
 
 
 def test_the_stream_retry_after_is_the_front_doors():
-    from prefix_routing.frontdoor.limiter import STREAM_RETRY_AFTER_S as FRONT_DOOR
+    from prefix_routing.frontdoor.limiter import STREAM_RETRY_AFTER_S as FRONT_DOOR  # one constant, rules/limits.py
 
     assert STREAM_RETRY_AFTER_S == FRONT_DOOR
 
