@@ -2,17 +2,23 @@
 
 A Lambda execution environment serves one request at a time, so nothing inside it can see a
 tenant's load: the counts live in one table (the Normalizer stack's, or dynalite on 127.0.0.1),
-and every decision is one atomic conditional write (:mod:`prefix_routing.rules.limits` is the rule):
+one item per tenant (``tenant#<id>``), and an admission is one atomic conditional write
+(:mod:`prefix_routing.rules.limits` is the rule):
 
-- ``streams#<tenant>``: the tenant's stream leases, a map lease → expiry (epoch seconds). Admission
-  sets one lease under the condition ``size(leases) < concurrent_streams``; the end of the answer
+- ``leases``: the tenant's streams in flight, a map lease → expiry (epoch seconds). Admission sets
+  one lease under the condition ``size(leases) < concurrent_streams``; the end of the answer
   (success, error, timeout or a caller gone) removes it. An environment that dies mid-stream
   leaves its lease to expire: when the map is full, expired leases are removed (each only if it is
-  unchanged) and the write is tried once more.
-- ``window#<tenant>#<minute>``: the minute's request and token counts, ``ADD r 1, tk <estimate>``
-  under the condition that both stay within their limits; after the answer the estimate is replaced
-  by the engine's own usage (prompt + completion). These items expire (DynamoDB TTL on
-  ``expires_at``) a few minutes after their minute.
+  unchanged) and the write is tried again.
+- ``win``, ``r``, ``tk``: the calendar minute counted and its requests and tokens. In the same
+  minute admission adds 1 and the request's token estimate under the condition that both stay within
+  their limits; the first request of a new minute resets them. After the answer the estimate is
+  replaced by the engine's own usage (prompt + completion), if the minute is still the same.
+
+Both parts are in the same write, so a request is admitted by both limits or by neither. The write
+is chosen from what this environment last saw of the tenant's minute; when its condition fails,
+one consistent read says why (over a limit, a new minute, expired leases, no item yet) and decides.
+The item expires (DynamoDB TTL on ``expires_at``) once its leases and minute are over.
 
 A store that fails or takes longer than ``store_timeout_ms`` (the client's own timeouts) is a store
 error: with ``on_store_error = "open"`` the request is served and counted, with ``"closed"`` it
@@ -24,20 +30,18 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from prefix_routing.rules.limits import (
     CONCURRENT_STREAMS,
     STREAM_RETRY_AFTER_S,
-    REQUESTS_PER_MINUTE,
     TOKENS_PER_MINUTE,
     WINDOW_S,
     LimitSettings,
     TenantLimits,
+    admission_refusal,
     token_estimate,
-    window_admits,
     window_of,
     window_reset_s,
 )
@@ -46,8 +50,10 @@ from prefix_routing.rules.telemetry import LIMITS_TABLE_KEY, LIMITS_TABLE_TTL
 #: The table's key and TTL attributes (the stack creates the table with exactly these).
 KEY: Final = LIMITS_TABLE_KEY
 TTL_ATTRIBUTE: Final = LIMITS_TABLE_TTL
-#: A minute's counts are kept this long after the minute (then DynamoDB's TTL deletes them).
-WINDOW_KEEP_S: Final = 10 * WINDOW_S
+#: An item is kept this long after its last lease and minute (then DynamoDB's TTL deletes it).
+KEEP_S: Final = 10 * WINDOW_S
+#: Writes tried for one admission before it counts as a store error (each a lost race or a cleanup).
+MAX_WRITES: Final = 4
 
 
 class Throttled(Exception):
@@ -78,49 +84,129 @@ class Admission:
     took_ms: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class Counted:
+    """The tenant's item after an admission: leases held, the minute's requests and tokens."""
+
+    leases: int
+    requests: int
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """An admission the item refuses: the limit's name."""
+
+    limit: str
+
+
 class DynamoLimitStore:
-    """The two kinds of items, in the table ``table_name``, through a boto3 ``dynamodb`` client."""
+    """The tenants' items in the table ``table_name``, through a boto3 ``dynamodb`` client."""
 
     def __init__(self, client: Any, table_name: str) -> None:
         self.client = client
         self.table = table_name
+        self._minute_seen: dict[str, int] = {}  # tenant → the minute its item last held, as seen here
 
-    # -- stream leases
-    def take_stream(self, tenant: str, lease: str, expires_s: float, limit: int, now_s: float) -> int | None:
-        """Hold ``lease`` among at most ``limit`` unexpired ones; the leases held after, or None if full."""
-        key = {KEY: {"S": f"streams#{tenant}"}}
-        for attempt in range(2):
-            held = self._set_lease(key, lease, expires_s, limit)
-            if held is not None:
-                return held
+    def admit(self, tenant: str, limits: TenantLimits, lease: str | None, estimate: int, now_s: float,
+              lease_s: float) -> Counted | Refused:
+        """Take ``lease`` (if the tenant has a stream limit) and count one request of ``estimate``
+        tokens in the minute of ``now_s`` (if it has per-minute limits), both or neither."""
+        key = {KEY: {"S": f"tenant#{tenant}"}}
+        window = window_of(now_s)
+        counts_minute = limits.requests_per_minute is not None or limits.tokens_per_minute is not None
+        new_minute = counts_minute and self._minute_seen.get(tenant, -1) < window
+        for _ in range(MAX_WRITES):
+            written = self._write(key, limits, lease, estimate, window, now_s + lease_s, new_minute)
+            if written is not None:
+                self._saw(tenant, window)
+                return written
             item = self.client.get_item(TableName=self.table, Key=key, ConsistentRead=True).get("Item")
+            if item is None:
+                if self._create(key, limits, lease, estimate, window, now_s + lease_s):
+                    self._saw(tenant, window)
+                    return Counted(1 if lease else 0, 1, estimate)
+                continue  # another environment created it first
+            if lease is not None and "leases" not in item:
+                self._add_lease_map(key)
             leases = _leases(item)
-            if leases is None:  # the tenant's first stream: create the map with it
-                try:
-                    self.client.put_item(TableName=self.table, ConditionExpression="attribute_not_exists(#k)",
-                                         ExpressionAttributeNames={"#k": KEY},
-                                         Item={**key, "leases": {"M": {lease: {"N": _num(expires_s)}}},
-                                               TTL_ATTRIBUTE: {"N": _num(expires_s)}})
-                    return 1
-                except self.client.exceptions.ConditionalCheckFailedException:
-                    continue  # another environment created it first: try the write again
             expired = {name: value for name, value in leases.items() if value <= now_s}
-            if not expired or attempt:
-                return None
-            self._remove_expired(key, expired)
-        return None
+            held_minute = _int(item.get("win"), -1)
+            same_minute = counts_minute and held_minute == window
+            refused = admission_refusal(limits, len(leases) - len(expired),
+                                        _int(item.get("r")) if same_minute else 0,
+                                        _int(item.get("tk")) if same_minute else 0, estimate)
+            self._saw(tenant, min(held_minute, window))
+            if refused is not None:
+                return Refused(refused)
+            if lease is not None and expired and len(leases) >= limits.concurrent_streams:
+                self._remove_expired(key, expired)  # a dead environment's slots, freed for this one
+            new_minute = counts_minute and held_minute < window
+        raise RuntimeError(f"tenant {tenant}: no admission after {MAX_WRITES} writes (contention)")
 
-    def _set_lease(self, key: dict, lease: str, expires_s: float, limit: int) -> int | None:
+    def _saw(self, tenant: str, window: int) -> None:
+        if len(self._minute_seen) >= 10_000:  # bounded: a guess, not a fact, may be forgotten
+            self._minute_seen.clear()
+        self._minute_seen[tenant] = window
+
+    def _write(self, key: dict, limits: TenantLimits, lease: str | None, estimate: int, window: int,
+               expires_s: float, new_minute: bool) -> Counted | None:
+        sets, adds, conditions = [f"#t = :keep"], [], []
+        names: dict[str, str] = {"#t": TTL_ATTRIBUTE}
+        values: dict[str, Any] = {":keep": {"N": _num(max(expires_s, (window + 1) * WINDOW_S) + KEEP_S)}}
+        if lease is not None:
+            sets.append("leases.#l = :e")
+            names["#l"] = lease
+            values[":e"] = {"N": _num(expires_s)}
+            values[":streams"] = {"N": str(limits.concurrent_streams)}
+            conditions.append("size(leases) < :streams")
+        if limits.requests_per_minute is not None or limits.tokens_per_minute is not None:
+            values.update({":w": {"N": str(window)}, ":one": {"N": "1"}, ":est": {"N": str(estimate)}})
+            if new_minute:  # the first request of its minute: the counts start again
+                sets += ["win = :w", "r = :one", "tk = :est"]
+                conditions.append("(attribute_not_exists(win) OR win < :w)")
+            else:
+                adds += ["r :one", "tk :est"]
+                conditions.append("win = :w")
+                if limits.requests_per_minute is not None:
+                    conditions.append("r < :rl")
+                    values[":rl"] = {"N": str(limits.requests_per_minute)}
+                if limits.tokens_per_minute is not None:
+                    conditions.append("tk <= :tl")
+                    values[":tl"] = {"N": str(limits.tokens_per_minute - estimate)}
+        update = "SET " + ", ".join(sets) + (" ADD " + ", ".join(adds) if adds else "")
         try:
             answer = self.client.update_item(
-                TableName=self.table, Key=key, UpdateExpression="SET leases.#l = :e, #t = :e",
-                ConditionExpression="size(leases) < :limit",
-                ExpressionAttributeNames={"#l": lease, "#t": TTL_ATTRIBUTE},
-                ExpressionAttributeValues={":e": {"N": _num(expires_s)}, ":limit": {"N": str(limit)}},
-                ReturnValues="ALL_NEW")
+                TableName=self.table, Key=key, UpdateExpression=update,
+                ConditionExpression=" AND ".join(conditions) if conditions else f"attribute_exists({KEY})",
+                ExpressionAttributeNames=names, ExpressionAttributeValues=values, ReturnValues="ALL_NEW")
         except self.client.exceptions.ConditionalCheckFailedException:
             return None
-        return len(_leases(answer.get("Attributes")) or {})
+        except self.client.exceptions.ClientError as error:
+            # The item has no leases map yet (a tenant whose first requests had no stream limit): the
+            # path is invalid until the map exists. Give it one, then the write goes again.
+            if lease is not None and error.response.get("Error", {}).get("Code") == "ValidationException":
+                self._add_lease_map(key)
+                return None
+            raise
+        attributes = answer.get("Attributes") or {}
+        return Counted(len(_leases(attributes)), _int(attributes.get("r")), _int(attributes.get("tk")))
+
+    def _create(self, key: dict, limits: TenantLimits, lease: str | None, estimate: int, window: int,
+                expires_s: float) -> bool:
+        item = {**key, TTL_ATTRIBUTE: {"N": _num(max(expires_s, (window + 1) * WINDOW_S) + KEEP_S)},
+                "leases": {"M": {lease: {"N": _num(expires_s)}} if lease else {}},
+                "win": {"N": str(window)}, "r": {"N": "1"}, "tk": {"N": str(estimate)}}
+        try:
+            self.client.put_item(TableName=self.table, Item=item, ConditionExpression="attribute_not_exists(#k)",
+                                 ExpressionAttributeNames={"#k": KEY})
+        except self.client.exceptions.ConditionalCheckFailedException:
+            return False
+        return True
+
+    def _add_lease_map(self, key: dict) -> None:
+        self.client.update_item(TableName=self.table, Key=key, UpdateExpression="SET leases = if_not_exists(leases, :m)",
+                                ExpressionAttributeValues={":m": {"M": {}}})
 
     def _remove_expired(self, key: dict, expired: dict[str, float]) -> None:
         names = {f"#x{i}": name for i, name in enumerate(expired)}
@@ -133,66 +219,41 @@ class DynamoLimitStore:
         except self.client.exceptions.ConditionalCheckFailedException:
             pass  # another environment cleaned or renewed them first
 
-    def give_stream(self, tenant: str, lease: str) -> None:
-        self.client.update_item(TableName=self.table, Key={KEY: {"S": f"streams#{tenant}"}},
-                                UpdateExpression="REMOVE leases.#l", ExpressionAttributeNames={"#l": lease})
-
-    # -- minute windows
-    def charge_window(self, tenant: str, window: int, estimate: int, limits: TenantLimits) -> tuple[int, int] | str:
-        """Count one request and ``estimate`` tokens in the minute if both fit: the minute's (requests,
-        tokens) after, or the name of the limit that refused it."""
-        key = {KEY: {"S": f"window#{tenant}#{window}"}}
-        conditions, values = [], {":one": {"N": "1"}, ":est": {"N": str(estimate)},
-                                  ":exp": {"N": str((window + 1) * WINDOW_S + WINDOW_KEEP_S)}}
-        if limits.requests_per_minute is not None:
-            conditions.append("(attribute_not_exists(r) OR r < :rl)")
-            values[":rl"] = {"N": str(limits.requests_per_minute)}
-        if limits.tokens_per_minute is not None:
-            conditions.append("(attribute_not_exists(tk) OR tk <= :tl)")
-            values[":tl"] = {"N": str(limits.tokens_per_minute - estimate)}
-        try:
-            answer = self.client.update_item(
-                TableName=self.table, Key=key, UpdateExpression="ADD r :one, tk :est SET #t = :exp",
-                ConditionExpression=" AND ".join(conditions), ExpressionAttributeNames={"#t": TTL_ATTRIBUTE},
-                ExpressionAttributeValues=values, ReturnValues="ALL_NEW")
-        except self.client.exceptions.ConditionalCheckFailedException:
-            item = self.client.get_item(TableName=self.table, Key=key, ConsistentRead=True).get("Item") or {}
-            refused = window_admits(limits, _int(item.get("r")), _int(item.get("tk")), estimate)
-            return refused or (REQUESTS_PER_MINUTE if limits.requests_per_minute is not None else TOKENS_PER_MINUTE)
-        attributes = answer.get("Attributes") or {}
-        return _int(attributes.get("r")), _int(attributes.get("tk"))
-
-    def correct_window(self, tenant: str, window: int, requests: int, tokens: int) -> None:
-        """Add ``requests`` and ``tokens`` (negative: take back) to the minute's counts."""
-        self.client.update_item(TableName=self.table, Key={KEY: {"S": f"window#{tenant}#{window}"}},
-                                UpdateExpression="ADD r :r, tk :t",
-                                ExpressionAttributeValues={":r": {"N": str(requests)}, ":t": {"N": str(tokens)}})
-
-
-def _failure(call: Callable[[], Any]) -> BaseException | None:
-    try:
-        call()
-    except Exception as error:  # noqa: BLE001 - returned to the caller, which decides
-        return error
-    return None
+    def finish(self, tenant: str, lease: str | None, window: int | None, tokens_delta: int | None) -> None:
+        """Give ``lease`` back and add ``tokens_delta`` to the minute's tokens if it is still ``window``,
+        in one write when both apply."""
+        key = {KEY: {"S": f"tenant#{tenant}"}}
+        names = {"#l": lease} if lease is not None else {}
+        if window is not None and tokens_delta:
+            update = ("REMOVE leases.#l " if lease is not None else "") + "ADD tk :d"
+            try:
+                self.client.update_item(TableName=self.table, Key=key, UpdateExpression=update,
+                                        ConditionExpression="win = :w",
+                                        ExpressionAttributeValues={":d": {"N": str(tokens_delta)},
+                                                                   ":w": {"N": str(window)}},
+                                        **({"ExpressionAttributeNames": names} if names else {}))
+                return
+            except self.client.exceptions.ConditionalCheckFailedException:
+                pass  # a new minute began: its counts owe nothing to this request
+        if lease is not None:
+            self.client.update_item(TableName=self.table, Key=key, UpdateExpression="REMOVE leases.#l",
+                                    ExpressionAttributeNames=names)
 
 
 def _num(value: float) -> str:
     return repr(round(float(value), 3))
 
 
-def _int(attribute: Any) -> int:
+def _int(attribute: Any, default: int = 0) -> int:
     try:
-        return int(float(attribute["N"])) if isinstance(attribute, dict) else 0
+        return int(float(attribute["N"])) if isinstance(attribute, dict) else default
     except (KeyError, TypeError, ValueError):
-        return 0
+        return default
 
 
-def _leases(item: Any) -> dict[str, float] | None:
-    if not isinstance(item, dict) or "leases" not in item:
-        return None
+def _leases(item: Any) -> dict[str, float]:
     out = {}
-    for name, value in (item["leases"].get("M") or {}).items():
+    for name, value in ((item or {}).get("leases", {}).get("M") or {}).items():
         try:
             out[name] = float(value["N"])
         except (KeyError, TypeError, ValueError):
@@ -203,8 +264,8 @@ def _leases(item: Any) -> dict[str, float] | None:
 class Limiter:
     """Admits a tenant's request before the endpoint is called and frees what it held after.
 
-    ``store`` is a :class:`DynamoLimitStore` (or anything with its methods); ``clock`` gives
-    epoch seconds; ``new_lease`` a fresh lease id.
+    ``store`` is a :class:`DynamoLimitStore` (or anything with its ``admit`` and ``finish``);
+    ``clock`` gives epoch seconds; ``new_lease`` a fresh lease id.
     """
 
     def __init__(self, settings: LimitSettings, store: Any, *, clock: Callable[[], float] = time.time,
@@ -213,9 +274,6 @@ class Limiter:
         self.store = store
         self.clock = clock
         self.new_lease = new_lease
-        # The stream's lease and the minute's count are two items: written side by side, the admission
-        # takes one round trip, not two (and so does the end of the answer).
-        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="limiter")
 
     def admit(self, tenant: str, body_bytes: int) -> Admission | None:
         """The request's admission (None: the tenant has no limit); raises :class:`Throttled` or
@@ -225,101 +283,64 @@ class Limiter:
             return None
         started = time.perf_counter()
         now = self.clock()
-        admission = Admission(tenant, rule, limits)
+        admission = Admission(tenant, rule, limits, estimate=token_estimate(body_bytes))
+        reset = window_reset_s(now)
+        per_minute = limits.requests_per_minute is not None or limits.tokens_per_minute is not None
+        if limits.tokens_per_minute is not None and admission.estimate > limits.tokens_per_minute:
+            raise Throttled(TOKENS_PER_MINUTE, limits.tokens_per_minute, reset, _headers(limits, None, reset),
+                            f"tokens_per_minute: this request alone (about {admission.estimate} prompt tokens) "
+                            f"exceeds the tenant's {limits.tokens_per_minute}")
+        lease = self.new_lease() if limits.concurrent_streams is not None else None
         try:
-            stream = (self._pool.submit(self._take_stream, admission, now)
-                      if limits.concurrent_streams is not None else None)
-            failures = [_failure(lambda: self._charge_window(admission, body_bytes, now))]
-            if stream is not None:
-                failures.append(_failure(stream.result))
-            if any(failures):  # give back what the other write took, then say why
-                self._undo(admission)
-                store_failure = next((f for f in failures if f is not None and not isinstance(f, Throttled)), None)
-                raise store_failure or next(f for f in failures if f is not None)
-        except Throttled:
-            raise
+            counted = self.store.admit(tenant, limits, lease, admission.estimate, now, self.settings.lease_s)
         except Exception:  # noqa: BLE001 - the store failed (timeout, connection, throttling, a bug of its own)
             if self.settings.on_store_error == "closed":
                 raise LimitsUnavailable("the per-tenant limits could not be checked") from None
-            admission.lease, admission.window, admission.store_error = None, None, True
+            admission.store_error = True
+            admission.took_ms = (time.perf_counter() - started) * 1000.0
+            return admission
+        if isinstance(counted, Refused):
+            value = getattr(limits, counted.limit)
+            if counted.limit == CONCURRENT_STREAMS:
+                raise Throttled(CONCURRENT_STREAMS, value, STREAM_RETRY_AFTER_S, _headers(limits, None, reset),
+                                f"concurrent_streams: {value} streams of this tenant are in flight; retry when one ends")
+            raise Throttled(counted.limit, value, reset, _headers(limits, None, reset),
+                            f"{counted.limit}: the tenant's {value} for this minute are used; retry in {reset} s")
+        admission.lease = lease
+        admission.window = window_of(now) if per_minute else None
+        admission.headers = _headers(limits, counted, reset)
         admission.took_ms = (time.perf_counter() - started) * 1000.0
         return admission
 
-    def _take_stream(self, admission: Admission, now: float) -> None:
-        limit = admission.limits.concurrent_streams
-        if limit is None:
-            return
-        lease = self.new_lease()
-        held = self.store.take_stream(admission.tenant, lease, now + self.settings.lease_s, limit, now)
-        headers = {"x-ratelimit-limit-streams": str(limit)}
-        if held is None:
-            headers["x-ratelimit-remaining-streams"] = "0"
-            raise Throttled(CONCURRENT_STREAMS, limit, STREAM_RETRY_AFTER_S, headers,
-                            f"concurrent_streams: {limit} streams of this tenant are in flight; retry when one ends")
-        admission.lease = lease
-        headers["x-ratelimit-remaining-streams"] = str(max(0, limit - held))
-        admission.headers.update(headers)
-
-    def _charge_window(self, admission: Admission, body_bytes: int, now: float) -> None:
-        limits = admission.limits
-        if limits.requests_per_minute is None and limits.tokens_per_minute is None:
-            return
-        window, estimate, reset = window_of(now), token_estimate(body_bytes), window_reset_s(now)
-        if limits.tokens_per_minute is not None and estimate > limits.tokens_per_minute:
-            raise Throttled(TOKENS_PER_MINUTE, limits.tokens_per_minute, reset, self._window_headers(limits, None, reset),
-                            f"tokens_per_minute: this request alone (about {estimate} prompt tokens) exceeds the "
-                            f"tenant's {limits.tokens_per_minute}")
-        counted = self.store.charge_window(admission.tenant, window, estimate, limits)
-        if isinstance(counted, str):
-            value = getattr(limits, counted)
-            raise Throttled(counted, value, reset, self._window_headers(limits, None, reset),
-                            f"{counted}: the tenant's {value} for this minute are used; retry in {reset} s")
-        admission.window, admission.estimate = window, estimate
-        admission.headers.update(self._window_headers(limits, counted, reset))
-
-    @staticmethod
-    def _window_headers(limits: TenantLimits, counted: tuple[int, int] | None, reset: int) -> dict[str, str]:
-        headers = {}
-        for name, limit, used in (("requests", limits.requests_per_minute, counted[0] if counted else None),
-                                  ("tokens", limits.tokens_per_minute, counted[1] if counted else None)):
-            if limit is not None:
-                headers[f"x-ratelimit-limit-{name}"] = str(limit)
-                headers[f"x-ratelimit-remaining-{name}"] = str(max(0, limit - used) if used is not None else 0)
-                headers[f"x-ratelimit-reset-{name}"] = f"{reset}s"
-        return headers
-
     def finish(self, admission: Admission | None, tokens_used: int | None) -> None:
-        """Free the stream and replace the token estimate by the engine's usage (when reported), side
-        by side. Never raises: a failure here leaves the lease to expire and the estimate in the count."""
+        """Free the stream and replace the token estimate by the engine's usage (when reported), in
+        one write. Never raises: a failure here leaves the lease to expire and the estimate counted."""
         if admission is None or admission.store_error:
             return
-        stream = self._pool.submit(self._give_stream, admission) if admission.lease is not None else None
-        if admission.window is not None and admission.limits.tokens_per_minute is not None and tokens_used is not None:
-            try:
-                self.store.correct_window(admission.tenant, admission.window, 0, tokens_used - admission.estimate)
-            except Exception:  # noqa: BLE001 - the count keeps the estimate
-                pass
-        if stream is not None:
-            stream.result()
-
-    def _undo(self, admission: Admission) -> None:
-        """Give back a refused request's lease and its count in the minute."""
-        self._give_stream(admission)
-        if admission.window is not None:
-            try:
-                self.store.correct_window(admission.tenant, admission.window, -1, -admission.estimate)
-            except Exception:  # noqa: BLE001 - the minute keeps one request too many
-                pass
-            admission.window = None
-
-    def _give_stream(self, admission: Admission) -> None:
-        if admission.lease is None:
+        correct = (admission.window is not None and admission.limits.tokens_per_minute is not None
+                   and tokens_used is not None)
+        delta = tokens_used - admission.estimate if correct else None
+        if admission.lease is None and not delta:
             return
         try:
-            self.store.give_stream(admission.tenant, admission.lease)
+            self.store.finish(admission.tenant, admission.lease, admission.window if correct else None, delta)
         except Exception:  # noqa: BLE001 - the lease expires on its own
             pass
         admission.lease = None
+
+
+def _headers(limits: TenantLimits, counted: Counted | None, reset: int) -> dict[str, str]:
+    """The ``x-ratelimit-*`` headers of an answer (remaining 0 when refused)."""
+    headers = {}
+    for name, limit, used in (("requests", limits.requests_per_minute, counted.requests if counted else None),
+                              ("tokens", limits.tokens_per_minute, counted.tokens if counted else None),
+                              ("streams", limits.concurrent_streams, counted.leases if counted else None)):
+        if limit is not None:
+            headers[f"x-ratelimit-limit-{name}"] = str(limit)
+            headers[f"x-ratelimit-remaining-{name}"] = str(max(0, limit - used) if used is not None else 0)
+            if name != "streams":
+                headers[f"x-ratelimit-reset-{name}"] = f"{reset}s"
+    return headers
 
 
 def admit_request(limiter: Limiter, tenant: str, body_bytes: int, record: Any,

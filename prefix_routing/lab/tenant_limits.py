@@ -29,14 +29,13 @@ from typing import TYPE_CHECKING
 
 from prefix_routing.rules.errors import UserError
 from prefix_routing.rules.limits import (
+    admission_refusal,
     STREAM_RETRY_AFTER_S,
     CONCURRENT_STREAMS,
     TOKENS_PER_MINUTE,
     LimitSettings,
     TenantLimits,
-    streams_admit,
     token_estimate,
-    window_admits,
     window_of,
     window_reset_s,
 )
@@ -106,14 +105,17 @@ class LimitModel:
             counts = self._minute.get(tenant)
             if counts is None or counts[0] != minute:
                 counts = self._minute[tenant] = [minute, 0, 0]
-            refused = window_admits(limits, counts[1], counts[2], estimate)
-            if refused:
-                return Refusal(refused, window_reset_s(clock))
+        leases = self._leases.setdefault(tenant, {}) if limits.concurrent_streams is not None else {}
+        held = sum(1 for expires in leases.values() if expires > now)
+        # The front door's own decision (rules.limits.admission_refusal): the same limit refuses here.
+        refused = admission_refusal(limits, held, counts[1] if windowed else 0, counts[2] if windowed else 0,
+                                    estimate or 0)
+        if refused == CONCURRENT_STREAMS:
+            return Refusal(CONCURRENT_STREAMS, STREAM_RETRY_AFTER_S)
+        if refused is not None:
+            return Refusal(refused, window_reset_s(clock))
         lease = None
         if limits.concurrent_streams is not None:
-            leases = self._leases.setdefault(tenant, {})
-            if not streams_admit(limits, leases, now):
-                return Refusal(CONCURRENT_STREAMS, STREAM_RETRY_AFTER_S)
             lease = self._order
             self._order += 1
             leases[lease] = now + self.settings.lease_s

@@ -178,9 +178,14 @@ def window_admits(limits: TenantLimits, requests: int, tokens: int, estimate: in
     return None
 
 
-def streams_admit(limits: TenantLimits, leases: Mapping[str, float], now_s: float) -> bool:
-    """Whether one more stream fits beside ``leases`` (lease → expiry, epoch seconds; expired ones
-    no longer count)."""
-    if limits.concurrent_streams is None:
-        return True
-    return sum(1 for expires in leases.values() if expires > now_s) < limits.concurrent_streams
+def admission_refusal(limits: TenantLimits, streams_held: int, requests: int, tokens: int, estimate: int) -> str | None:
+    """None if a request fits all its tenant's limits, else the one that refuses it: the minute's
+    limits first (their Retry-After is the longer), then ``concurrent_streams`` against the
+    ``streams_held`` (unexpired) leases. The front door and the lab both decide with it."""
+    refused = window_admits(limits, requests, tokens, estimate)
+    if refused is not None:
+        return refused
+    if limits.concurrent_streams is not None and streams_held >= limits.concurrent_streams:
+        return CONCURRENT_STREAMS
+    return None
+
