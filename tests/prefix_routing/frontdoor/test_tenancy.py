@@ -69,3 +69,20 @@ def test_none_tenancy_shares_one_tenant_and_direct_invocations_name_theirs():
         frontdoor.identify_tenant(frontdoor.request_from_event({"body": CHAT}), config())
     assert caught.value.code == "missing_tenant"
     assert frontdoor.identify_tenant(frontdoor.request_from_event({"body": CHAT}), config(tenancy="none"))[0] == "shared"
+
+
+def test_a_direct_invocation_is_refused_with_how_to_call_unless_tenancy_is_none_or_the_stage_allows_it():
+    # docs/normalizer-lambda.md: 403 direct_invocation_refused under the iam or header tenancy, unless
+    # normalizer.allow_direct_invoke; the answer says to call the Function URL.
+    from prefix_routing.frontdoor.tenancy import check_way_in
+
+    direct = frontdoor.request_from_event({"body": CHAT, "tenant": "acme"})
+    for tenancy in ("iam", "header"):
+        with pytest.raises(frontdoor.RequestError) as refused:
+            check_way_in(direct, config(tenancy=tenancy))
+        error = refused.value
+        assert (error.status, error.code, error.field) == (403, "direct_invocation_refused", "event")
+        assert error.message.startswith("direct invocations are refused: call the function's URL (signed with SigV4)")
+        assert error.message.endswith("sets normalizer.allow_direct_invoke")
+        check_way_in(direct, config(tenancy=tenancy, allow_direct_invoke=True))
+    check_way_in(direct, config(tenancy="none"))

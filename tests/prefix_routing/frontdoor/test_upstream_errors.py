@@ -107,3 +107,48 @@ def test_upstream_error_body_is_the_documented_shape():
     assert frontdoor.UpstreamError(504, "timeout", "late").body() == {
         "error": {"code": "timeout", "message": "late", "status": 504}}
     assert str(error) == "slow down" and error.retryable is True
+
+
+# Each server-side code is a retryable 502 by its code alone, whatever HTTP status came with it (the
+# docstring's list); each connection failure by its class name; a read timeout is a 504.
+@pytest.mark.parametrize("code", ["InternalFailure", "InternalDependencyException", "InternalServerError",
+                                  "ServiceFailure"])
+def test_each_server_failure_code_is_a_retryable_502_by_its_code(code):
+    classified = frontdoor.classify_error(_client_error(code, 400))
+    assert (classified.status, classified.kind, classified.retryable, classified.upstream_code) == (
+        502, "upstream_error", True, code)
+
+
+@pytest.mark.parametrize("name", ["ConnectTimeoutError", "EndpointConnectionError", "ConnectionClosedError",
+                                  "ProtocolError", "ConnectionError", "ParserError", "IncompleteRead",
+                                  "ChecksumMismatch"])
+def test_each_connection_failure_is_a_retryable_502_by_its_class_name(name):
+    error = type(name, (Exception,), {})("dropped")
+    classified = frontdoor.classify_error(error)
+    assert (classified.status, classified.kind, classified.retryable) == (502, "upstream_connection", True)
+    assert classified.message == f"the connection to the endpoint failed: {name}"
+
+
+@pytest.mark.parametrize("name", ["ReadTimeoutError", "ReadTimeout"])
+def test_a_read_timeout_by_its_class_name_is_a_504(name):
+    classified = frontdoor.classify_error(type(name, (Exception,), {})("slow"))
+    assert (classified.status, classified.kind, classified.retryable) == (504, "timeout", False)
+    assert classified.message == "the model did not answer in time (read timeout)"
+
+
+def test_a_499_from_the_container_is_still_the_callers():
+    classified = frontdoor.classify_error(_client_error("ModelError", 424, OriginalStatusCode=499,
+                                                        OriginalMessage="client closed"))
+    assert (classified.status, classified.kind) == (499, "model_rejected")
+
+
+@pytest.mark.parametrize("original, words", [
+    ('{"message": 5, "error": {"message": "the real words"}}', "the real words"),  # not text: the next one
+    ('{"message": "", "error": "plain inner"}', "plain inner"),
+    ('["a", "list"]', '["a", "list"]'),  # JSON but no message: the text as it came
+    ('{"detail": "x"}', '{"detail": "x"}'),
+])
+def test_the_containers_words_are_its_first_text_message(original, words):
+    classified = frontdoor.classify_error(_client_error("ModelError", 424, OriginalStatusCode=400,
+                                                        OriginalMessage=original))
+    assert classified.message == f"the model rejected the request (400): {words}"

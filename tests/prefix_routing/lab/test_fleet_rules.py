@@ -1,0 +1,113 @@
+"""The fleet model's bookkeeping and engine rules at their edges (prefix_routing/lab/fleet.py,
+engine_model.py), worked out by hand from their docstrings: a request released early leaves the
+in-flight count once, a copy's next prefill waits for a slot when all are taken, KV_AWARE's cost is
+wait + uncached prefill + load (ties to the first copy scanned)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from prefix_routing.lab.autoscaling import AutoscalingSettings
+from prefix_routing.lab.engine_model import EngineModel
+from prefix_routing.lab.fleet import Fleet, Request
+from prefix_routing.lab.fleet_config import FleetConfig
+from prefix_routing.lab.latency import LatencyModel
+from prefix_routing.lab.routing import Strategy
+from prefix_routing.stage.presets import get_preset
+from tests.prefix_routing.lab.conftest import P5_8B
+
+
+def one_copy(**kwargs) -> Fleet:
+    return Fleet(FleetConfig(instances=1, copies=1, preset=P5_8B, strategy=Strategy.RANDOM, **kwargs))
+
+
+# ----------------------------------------------------------------------------- in flight, advance and release
+
+
+def test_a_request_released_early_leaves_the_in_flight_count_once():
+    fleet = one_copy()
+    first = fleet.submit(Request(1000, 10, list(range(2))), 0.0)
+    second = fleet.submit(Request(1000, 10, list(range(100, 102))), 0.0)
+    assert second.finish_s > first.finish_s and fleet.outstanding() == [2]
+    fleet.release(first)
+    assert fleet.outstanding() == [1]
+    assert fleet.advance(second.finish_s) == 1  # the first's own finish is skipped, the second retires
+    assert fleet.outstanding() == [0]
+
+
+def test_of_two_identical_finishes_one_released_the_other_still_retires():
+    # Both time out at once (1 ms): two in-flight entries (0.001, copy 0). One client goes away.
+    fleet = one_copy(timeout_s=0.001)
+    a = fleet.submit(Request(4096, 10, list(range(8))), 0.0)
+    fleet.submit(Request(4096, 10, list(range(100, 108))), 0.0)
+    assert a.timed_out and fleet.outstanding() == [2]
+    fleet.release(a)
+    assert fleet.advance(1.0) == 1 and fleet.outstanding() == [0]
+
+
+def test_a_request_retires_at_its_finish_exactly():
+    fleet = one_copy()
+    p = fleet.submit(Request(1000, 10, [1, 2]), 0.0)
+    assert fleet.advance(p.finish_s - 1e-9) == 0 and fleet.advance(p.finish_s) == 1
+
+
+def test_an_early_release_counts_in_autoscalings_time_averaged_concurrency():
+    # One request in flight from 0 s to its release at 30 s: 0.5 on average over the first minute.
+    fleet = one_copy(autoscaling=AutoscalingSettings(target_per_copy=4.0, min_copies=1, max_copies=1))
+    p = fleet.submit(Request(1000, 100_000, [1, 2]), 0.0)  # a long answer: still running at 60 s
+    fleet.release(p, 30.0)
+    fleet.advance(60.0)
+    assert fleet.pool.history[0][3] == pytest.approx(0.5)
+
+
+# ----------------------------------------------------------------------------- the engine
+
+
+def engines(max_num_seqs: int = 2) -> EngineModel:
+    latency = LatencyModel.from_preset(replace(get_preset(P5_8B), max_num_seqs_override=max_num_seqs))
+    return EngineModel(2, latency, budget=math.inf, overhead_s=0.0, timeout_s=math.inf)
+
+
+def test_a_copy_with_every_slot_taken_is_ready_when_the_first_slot_frees():
+    em = engines(2)
+    em.prefill_free[0] = 5.0
+    em.slots[0] = [(10.0, 2), (20.0, 2)]  # (finish, tokens): both slots taken
+    assert em.ready_s(0) == 10.0
+    em.slots[0] = [(10.0, 2)]  # a slot free: the prefill queue alone
+    assert em.ready_s(0) == 5.0
+    em.slots[0] = [(3.0, 2), (20.0, 2)]  # the first slot frees before the queue does
+    assert em.ready_s(0) == 5.0
+
+
+def kv(em, caches, out, *, blocks=(1, 2), prompt=1024, now=0.0, start=0, weight=0.01):
+    return em.kv_aware_copy(caches, out, list(blocks), prompt, now, start=start, block_tokens=512, load_weight_s=weight)
+
+
+def test_kv_aware_ties_go_to_the_first_copy_scanned():
+    em = engines()
+    assert kv(em, [set(), set()], [0, 0], start=0) == 0
+    assert kv(em, [set(), set()], [0, 0], start=1) == 1
+
+
+def test_kv_aware_weighs_the_load():
+    em = engines()
+    assert kv(em, [set(), set()], [3, 0]) == 1
+
+
+def test_kv_aware_counts_cached_blocks_in_tokens():
+    # Copy 0 holds both 512-token blocks (and has one request in flight): 0 new tokens there against
+    # 1,024 on copy 1.
+    em = engines()
+    assert kv(em, [{1, 2}, set()], [1, 0], start=1, weight=0.001) == 0
+
+
+def test_kv_aware_waits_for_a_busy_cached_copy_only_while_it_is_cheaper():
+    em = engines()
+    prefill = em.latency.prefill_compute_s(1024, 0)  # what copy 1 would spend
+    em.prefill_free[0] = 1000.0 + prefill / 2  # copy 0 holds the prompt, busy for half that
+    assert kv(em, [{1, 2}, set()], [0, 0], now=1000.0, start=1) == 0
+    em.prefill_free[0] = 1000.0 + prefill * 2
+    assert kv(em, [{1, 2}, set()], [0, 0], now=1000.0, start=1) == 1

@@ -1,0 +1,287 @@
+"""Alarm thresholds and wiring, copy autoscaling and the metric factory, each in one small stack.
+
+The whole-stage synths (test_alarms.py, test_copy_autoscaling.py) take half a minute each; these
+build only the construct under test (about 0.2 s once jsii is up), so that ``make mutants`` can run
+them for every mutant of the stacks. Expected values come from docs/operations.md ("Alarms and
+dashboard") and the stage reference: hotspot = min(hotspot_factor × scaling target, the
+ConcurrencyThreshold), every alarm over ``evaluation_periods`` minutes with as many datapoints,
+missing data not breaching, ALARM and OK to the topic.
+"""
+
+from __future__ import annotations
+
+import pytest
+from aws_cdk import App, Stack, aws_sns as sns
+from aws_cdk.assertions import Template
+
+from prefix_routing.rules import telemetry
+from prefix_routing.stage.config import AlarmSettings, EndpointSettings, RoutingSettings, ScalingSettings
+from stacks.constructs.alarms import RoutingAlarms
+from stacks.constructs.copy_autoscaling import CopyAutoscaling
+from stacks.metrics import NormalizerMetrics, SageMakerMetrics
+
+IC, EP = "ic-test", "ep-test"
+# Distinct values everywhere, so that one setting read for another shows.
+ALARMS = AlarmSettings(ttft_p50_ms=1500.0, hotspot_factor=3.0, minimum_hit_rate=0.35, error_rate_percent=2.5,
+                       evaluation_periods=3)
+SCALING = ScalingSettings(target_concurrent_requests_per_copy=2.0, scale_out_cooldown_s=45, scale_in_cooldown_s=420)
+PREFIX_AWARE = RoutingSettings(strategy="PREFIX_AWARE", prefix_length=4096, concurrency_threshold=10)
+ONE_MINUTE = 60
+PER_INSTANCE_MAX = ('SELECT MAX(ConcurrentRequestsPerCopy) FROM SCHEMA("AWS/SageMaker", InferenceComponentName, '
+                    f"InstanceId) WHERE InferenceComponentName = '{IC}' GROUP BY InstanceId ORDER BY MAX() DESC")
+
+
+def _alarms(routing=PREFIX_AWARE, *, cached_tokens_reported=True, settings=ALARMS, scaling=SCALING):
+    """(the construct, its stack's template, the topic's logical id)."""
+    stack = Stack(App(), "Alarms")
+    topic = sns.Topic(stack, "Topic")
+    alarms = RoutingAlarms(stack, "A", normalizer=NormalizerMetrics(component_name=IC),
+                           sagemaker=SageMakerMetrics(endpoint_name=EP, component_name=IC), settings=settings,
+                           routing=routing, scaling=scaling, topic=topic, cached_tokens_reported=cached_tokens_reported)
+    template = Template.from_stack(stack)
+    return alarms, template, stack.get_logical_id(topic.node.default_child)
+
+
+def _props(template, stack_alarm) -> dict:
+    logical = Stack.of(stack_alarm).get_logical_id(stack_alarm.node.default_child)
+    return template.to_json()["Resources"][logical]["Properties"]
+
+
+def _wired(props, topic, periods=3, *, ok_action=True):
+    assert props["EvaluationPeriods"] == periods and props.get("DatapointsToAlarm") == (periods if ok_action else None)
+    assert props["TreatMissingData"] == "notBreaching"
+    assert props["AlarmActions"] == [{"Ref": topic}]
+    assert props.get("OKActions") == ([{"Ref": topic}] if ok_action else None)
+
+
+def _query(props) -> str:
+    (entry,) = props["Metrics"]
+    assert entry["ReturnData"] is not False and entry["Period"] == ONE_MINUTE
+    return entry["Expression"]
+
+
+def _single(props) -> tuple:
+    """(namespace, name, dimensions, statistic, period) of a one-metric alarm, in CDK's flat form or
+    its Metrics form (which it writes for a labelled metric)."""
+    if "MetricName" in props:
+        return (props["Namespace"], props["MetricName"], props["Dimensions"],
+                props.get("ExtendedStatistic") or props["Statistic"], props["Period"])
+    (entry,) = props["Metrics"]
+    stat = entry["MetricStat"]
+    return stat["Metric"]["Namespace"], stat["Metric"]["MetricName"], stat["Metric"]["Dimensions"], stat["Stat"], \
+        stat["Period"]
+
+
+def _stats(props) -> dict:
+    """{id: (namespace, name, dimensions, stat, period)} of a math alarm's metrics."""
+    return {m["Id"]: (m["MetricStat"]["Metric"]["Namespace"], m["MetricStat"]["Metric"]["MetricName"],
+                      m["MetricStat"]["Metric"]["Dimensions"], m["MetricStat"]["Stat"], m["MetricStat"]["Period"])
+            for m in props["Metrics"] if "MetricStat" in m}
+
+
+@pytest.fixture(scope="module")
+def prefix_aware():
+    return _alarms()
+
+
+def test_ttft_alarm_is_above_the_p50_threshold_over_the_evaluation_periods(prefix_aware):
+    alarms, template, topic = prefix_aware
+    props = _props(template, alarms.ttft_p50)
+    assert _single(props) == (telemetry.NAMESPACE, telemetry.TTFT.name,
+                              [{"Name": telemetry.DIMENSION_COMPONENT, "Value": IC}], "p50", ONE_MINUTE)
+    assert (props["Threshold"], props["ComparisonOperator"]) == (1500, "GreaterThanThreshold")
+    assert "1500 ms" in props["AlarmDescription"]
+    _wired(props, topic)
+
+
+def test_hit_rate_alarm_is_cached_over_prompt_tokens_below_the_minimum(prefix_aware):
+    alarms, template, topic = prefix_aware
+    props = _props(template, alarms.hit_rate)
+    expression = [m for m in props["Metrics"] if "Expression" in m]
+    assert [m["Expression"] for m in expression] == ["cached / prompt"]
+    assert _stats(props) == {
+        "cached": (telemetry.NAMESPACE, telemetry.CACHED_TOKENS.name,
+                   [{"Name": telemetry.DIMENSION_COMPONENT, "Value": IC}], "Sum", ONE_MINUTE),
+        "prompt": (telemetry.NAMESPACE, telemetry.PROMPT_TOKENS.name,
+                   [{"Name": telemetry.DIMENSION_COMPONENT, "Value": IC}], "Sum", ONE_MINUTE)}
+    assert (props["Threshold"], props["ComparisonOperator"]) == (0.35, "LessThanThreshold")
+    assert "below 0.35" in props["AlarmDescription"]
+    _wired(props, topic)
+
+
+def test_hotspot_is_the_factor_times_the_scaling_target_per_instance(prefix_aware):
+    # 3 × 2 = 6 concurrent requests per copy, under the threshold of 10.
+    alarms, template, topic = prefix_aware
+    props = _props(template, alarms.hotspot)
+    assert _query(props) == PER_INSTANCE_MAX
+    assert (props["Threshold"], props["ComparisonOperator"]) == (6, "GreaterThanOrEqualToThreshold")
+    assert ">= 6 concurrent requests" in props["AlarmDescription"] and "3x its fair share of 2" in props[
+        "AlarmDescription"]
+    _wired(props, topic)
+
+
+def test_hotspot_is_capped_at_the_concurrency_threshold():
+    # 3 × 2 = 6 is above a threshold of 5: a copy spills at 5, so 5 is the hot level.
+    routing = RoutingSettings(strategy="PREFIX_AWARE", prefix_length=4096, concurrency_threshold=5)
+    alarms, template, _ = _alarms(routing)
+    assert _props(template, alarms.hotspot)["Threshold"] == 5
+    pinned = _props(template, alarms.pinned_at_threshold)
+    assert pinned["Threshold"] == 5
+
+
+def test_pinned_at_threshold_is_per_instance_at_the_concurrency_threshold(prefix_aware):
+    alarms, template, topic = prefix_aware
+    props = _props(template, alarms.pinned_at_threshold)
+    assert _query(props) == PER_INSTANCE_MAX
+    assert (props["Threshold"], props["ComparisonOperator"]) == (10, "GreaterThanOrEqualToThreshold")
+    assert "ConcurrencyThreshold (10)" in props["AlarmDescription"]
+    _wired(props, topic)
+
+
+def test_error_rate_is_5xx_over_invocations_in_percent(prefix_aware):
+    alarms, template, topic = prefix_aware
+    props = _props(template, alarms.error_rate)
+    assert [m["Expression"] for m in props["Metrics"] if "Expression" in m] == [
+        "100 * errors / MAX([errors, invocations])"]
+    dims = [{"Name": "InferenceComponentName", "Value": IC}]
+    assert _stats(props) == {"errors": ("AWS/SageMaker", "Invocation5XXErrors", dims, "Sum", ONE_MINUTE),
+                             "invocations": ("AWS/SageMaker", "Invocations", dims, "Sum", ONE_MINUTE)}
+    assert (props["Threshold"], props["ComparisonOperator"]) == (2.5, "GreaterThanThreshold")
+    assert "above 2.5 %" in props["AlarmDescription"]
+    _wired(props, topic)
+
+
+def test_one_capacity_failure_is_enough(prefix_aware):
+    alarms, template, topic = prefix_aware
+    props = _props(template, alarms.capacity_failures)
+    assert _single(props) == ("AWS/SageMaker", "NoCapacityInvocationFailures",
+                              [{"Name": "InferenceComponentName", "Value": IC}], "Sum", ONE_MINUTE)
+    assert (props["Threshold"], props["ComparisonOperator"]) == (1, "GreaterThanOrEqualToThreshold")
+    _wired(props, topic)
+
+
+def test_one_refused_direct_invocation_alarms_at_once_and_only_on_alarm(prefix_aware):
+    alarms, template, topic = prefix_aware
+    props = _props(template, alarms.refused_direct_invocations)
+    assert _single(props) == (telemetry.NAMESPACE, telemetry.REFUSED_DIRECT_INVOCATIONS.name,
+                              [{"Name": telemetry.DIMENSION_COMPONENT, "Value": IC}], "Sum", ONE_MINUTE)
+    assert (props["Threshold"], props["ComparisonOperator"]) == (1, "GreaterThanOrEqualToThreshold")
+    _wired(props, topic, periods=1, ok_action=False)
+
+
+def test_all_lists_every_alarm_once(prefix_aware):
+    alarms, template, _ = prefix_aware
+    assert len(alarms.all) == 7 == len(template.find_resources("AWS::CloudWatch::Alarm"))
+    assert len({id(a) for a in alarms.all}) == 7
+
+
+def test_without_prefix_aware_routing_there_is_no_pinned_alarm_and_no_cap():
+    random = RoutingSettings(strategy="RANDOM", prefix_length=None, concurrency_threshold=None)
+    alarms, template, _ = _alarms(random)
+    assert alarms.pinned_at_threshold is None
+    assert _props(template, alarms.hotspot)["Threshold"] == 6
+    assert len(alarms.all) == 6 == len(template.find_resources("AWS::CloudWatch::Alarm"))
+
+
+def test_a_threshold_without_prefix_aware_still_caps_the_hotspot_but_pins_nothing():
+    # LEAST_OUTSTANDING_REQUESTS with a (stray) threshold of 4: copies never spill, nothing is pinned.
+    routing = RoutingSettings(strategy="LEAST_OUTSTANDING_REQUESTS", prefix_length=4096, concurrency_threshold=4)
+    alarms, template, _ = _alarms(routing)
+    assert alarms.pinned_at_threshold is None
+    assert _props(template, alarms.hotspot)["Threshold"] == 4
+
+
+def test_a_container_without_cached_tokens_has_no_hit_rate_alarm():
+    alarms, template, _ = _alarms(cached_tokens_reported=False)
+    assert alarms.hit_rate is None and alarms.ttft_p50 is not None
+    assert len(alarms.all) == 6 == len(template.find_resources("AWS::CloudWatch::Alarm"))
+
+
+# ------------------------------------------------------------------------------------ copy autoscaling
+
+def _autoscaling(copies_min: int, copies_max: int = 4):
+    stack = Stack(App(), "Scaling")
+    endpoint = EndpointSettings(instance_type="ml.g6e.xlarge", instances_min=min(copies_min, 1), instances_max=4,
+                                copies_min=copies_min, copies_max=copies_max)
+    scaling = CopyAutoscaling(stack, "S", component_name=IC, endpoint=endpoint, scaling=SCALING,
+                              no_capacity_failures=SageMakerMetrics(endpoint_name=EP, component_name=IC)
+                              .no_capacity_failures())
+    return scaling, Template.from_stack(stack)
+
+
+def test_copies_track_concurrent_requests_per_copy_within_the_stage_bounds():
+    scaling, template = _autoscaling(1, 4)
+    (target,) = template.find_resources("AWS::ApplicationAutoScaling::ScalableTarget").values()
+    assert target["Properties"] == {**target["Properties"], "ServiceNamespace": "sagemaker",
+                                    "ResourceId": f"inference-component/{IC}",
+                                    "ScalableDimension": "sagemaker:inference-component:DesiredCopyCount",
+                                    "MinCapacity": 1, "MaxCapacity": 4}
+    (policy,) = template.find_resources("AWS::ApplicationAutoScaling::ScalingPolicy").values()
+    tracking = policy["Properties"]["TargetTrackingScalingPolicyConfiguration"]
+    assert policy["Properties"]["PolicyType"] == "TargetTrackingScaling"
+    assert tracking["PredefinedMetricSpecification"] == {
+        "PredefinedMetricType": "SageMakerInferenceComponentConcurrentRequestsPerCopyHighResolution"}
+    assert (tracking["TargetValue"], tracking["ScaleOutCooldown"], tracking["ScaleInCooldown"]) == (2, 45, 420)
+    assert scaling.scale_from_zero is None and scaling.scale_from_zero_alarm is None
+    assert not template.find_resources("AWS::CloudWatch::Alarm")
+
+
+def test_with_a_minimum_of_zero_one_capacity_failure_adds_one_copy():
+    scaling, template = _autoscaling(0, 3)
+    (target,) = template.find_resources("AWS::ApplicationAutoScaling::ScalableTarget").values()
+    assert (target["Properties"]["MinCapacity"], target["Properties"]["MaxCapacity"]) == (0, 3)
+    steps = template.find_resources("AWS::ApplicationAutoScaling::ScalingPolicy",
+                                    {"Properties": {"PolicyType": "StepScaling"}})
+    ((policy_id, policy),) = steps.items()
+    step = policy["Properties"]["StepScalingPolicyConfiguration"]
+    assert step["AdjustmentType"] == "ChangeInCapacity" and step["Cooldown"] == 45
+    assert step["StepAdjustments"] == [{"MetricIntervalLowerBound": 0, "ScalingAdjustment": 1}]
+    (alarm,) = template.find_resources("AWS::CloudWatch::Alarm").values()
+    props = alarm["Properties"]
+    assert _single(props) == ("AWS/SageMaker", "NoCapacityInvocationFailures",
+                              [{"Name": "InferenceComponentName", "Value": IC}], "Sum", ONE_MINUTE)
+    assert (props["Threshold"], props["ComparisonOperator"], props["EvaluationPeriods"]) == (
+        1, "GreaterThanOrEqualToThreshold", 1)
+    assert props["TreatMissingData"] == "notBreaching" and props["AlarmActions"] == [{"Ref": policy_id}]
+    assert scaling.scale_from_zero is not None and scaling.scale_from_zero_alarm is not None
+
+
+# ------------------------------------------------------------------------------------ the metric factory
+
+def test_normalizer_metrics_are_per_component_one_minute_in_our_namespace():
+    metrics = NormalizerMetrics(component_name=IC)
+    ttft = metrics.ttft("p90")
+    assert (ttft.namespace, ttft.metric_name, ttft.statistic, ttft.period.to_seconds(), ttft.label) == (
+        telemetry.NAMESPACE, telemetry.TTFT.name, "p90", 60, "TTFT p90 (ms)")
+    assert ttft.dimensions == {telemetry.DIMENSION_COMPONENT: IC}
+    hit = metrics.hit_rate()
+    assert hit.expression == "cached / prompt" and hit.period.to_seconds() == 60
+    assert {k: (m.metric_name, m.statistic) for k, m in hit.using_metrics.items()} == {
+        "cached": (telemetry.CACHED_TOKENS.name, "Sum"), "prompt": (telemetry.PROMPT_TOKENS.name, "Sum")}
+    assert hit.label == "KV-cache hit rate"
+
+
+def test_sagemaker_metrics_are_per_component_one_minute():
+    metrics = SageMakerMetrics(endpoint_name=EP, component_name=IC)
+    failures = metrics.no_capacity_failures()
+    assert (failures.namespace, failures.metric_name, failures.statistic, failures.period.to_seconds()) == (
+        "AWS/SageMaker", "NoCapacityInvocationFailures", "Sum", 60)
+    assert failures.dimensions == {"InferenceComponentName": IC}
+    per_copy = metrics.concurrent_requests_per_copy("Minimum")
+    assert (per_copy.metric_name, per_copy.statistic) == ("ConcurrentRequestsPerCopy", "Minimum")
+    assert per_copy.dimensions == {"InferenceComponentName": IC} and per_copy.period.to_seconds() == 60
+    assert metrics.concurrent_requests_per_copy().statistic == "Maximum"  # the busiest reading by default
+    errors = metrics.error_rate_percent()
+    assert errors.expression == "100 * errors / MAX([errors, invocations])" and errors.period.to_seconds() == 60
+    assert {k: (m.metric_name, m.statistic) for k, m in errors.using_metrics.items()} == {
+        "errors": ("Invocation5XXErrors", "Sum"), "invocations": ("Invocations", "Sum")}
+
+
+def test_concurrency_per_instance_is_the_max_query_over_the_per_instance_set():
+    metrics = SageMakerMetrics(endpoint_name=EP, component_name=IC)
+    per_instance = metrics.concurrency_per_instance()
+    assert per_instance.expression == PER_INSTANCE_MAX and per_instance.period.to_seconds() == 60
+    assert dict(per_instance.using_metrics) == {}
+    assert metrics.per_instance_query("SUM", "Invocations") == (
+        'SELECT SUM(Invocations) FROM SCHEMA("AWS/SageMaker", InferenceComponentName, InstanceId) '
+        f"WHERE InferenceComponentName = '{IC}' GROUP BY InstanceId ORDER BY SUM() DESC")
