@@ -51,7 +51,7 @@ mutants: install
 	rm -rf mutants
 	HYPOTHESIS_PROFILE=ci $(PY) tools/mutants.py
 
-# RANDOM vs PREFIX_AWARE, careless vs normalized clients, through the emulator (about 2 minutes).
+# RANDOM vs PREFIX_AWARE; careless, normalized and front-door clients, through the emulator (about 3 minutes).
 demo: install
 	$(PY) -m prefix_routing demo
 

@@ -45,6 +45,7 @@ import boto3
 from botocore.config import Config
 
 from prefix_routing import frontdoor
+from prefix_routing.rules.limits import RELEASE_TIMEOUT_MS
 
 _LOCK = threading.Lock()
 _INVOKER: frontdoor.Invoker | None = None
@@ -80,14 +81,19 @@ def _limiter(session, config: frontdoor.InvokeConfig) -> frontdoor.Limiter | Non
     ``store_timeout_ms`` (no retries), its connection opened now, in the init phase."""
     if not config.limits.enabled:
         return None
-    seconds = config.limits.store_timeout_ms / 1000.0
-    client = session.client("dynamodb", config=Config(retries={"total_max_attempts": 1}, connect_timeout=seconds,
-                                                      read_timeout=seconds, tcp_keepalive=True))
-    try:  # TLS now rather than on the first request's path; any answer will do
-        client.get_item(TableName=config.limits_table, Key={"pk": {"S": "connection-warm-up"}})
-    except Exception:  # noqa: BLE001 - the first request retries the connection within its own bound
-        pass
-    return frontdoor.Limiter(config.limits, frontdoor.DynamoLimitStore(client, config.limits_table))
+    def client(timeout_ms: int):
+        seconds = timeout_ms / 1000.0
+        return session.client("dynamodb", config=Config(retries={"total_max_attempts": 1}, connect_timeout=seconds,
+                                                        read_timeout=seconds, tcp_keepalive=True))
+
+    admit, release = client(config.limits.store_timeout_ms), client(RELEASE_TIMEOUT_MS)
+    for each in (admit, release):
+        try:  # TLS now rather than on the first request's path; any answer will do
+            each.get_item(TableName=config.limits_table, Key={"pk": {"S": "connection-warm-up"}})
+        except Exception:  # noqa: BLE001 - the first request retries the connection within its own bound
+            pass
+    return frontdoor.Limiter(config.limits,
+                             frontdoor.DynamoLimitStore(admit, config.limits_table, release_client=release))
 
 
 def get_invoker() -> frontdoor.Invoker:

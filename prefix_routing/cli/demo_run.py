@@ -2,9 +2,12 @@
 
 For two workloads (a slice of the real Mooncake conversation trace, and AWS's long-context
 benchmark rebuilt by the lab) it starts the emulator once per routing strategy and replays the
-workload through the load tester twice: as careless clients send it (key order, whitespace,
-parameters before the prompt, NFD text: ``bodies.vary``) and normalized by ``prefix_routing.rules``.
-Every request goes through boto3's own sagemaker-runtime client to the emulator over 127.0.0.1.
+workload through the load tester: as careless clients send it (key order, whitespace, parameters
+before the prompt, NFD text: ``bodies.vary``) and normalized by ``prefix_routing.rules``, both through
+boto3's own sagemaker-runtime client to the emulator over 127.0.0.1; and, with PREFIX_AWARE, careless
+clients through the front door (the normalizer function's own web app, SigV4-signed as its Function
+URL is called), which normalizes for them and admits each stream against the demo's per-tenant limit
+in a real DynamoDB-compatible store (dynalite) on 127.0.0.1.
 
 The demo's fleets are smaller than the lab's so that caches fill within a couple of minutes of
 wall time: the long-context workload uses 40 prefixes and a KV cache of about 15 prefixes per copy
@@ -29,7 +32,9 @@ from pathlib import Path
 
 from prefix_routing.lab import bodies
 from prefix_routing.lab.workloads import LongContextSpec, long_context_workload
-from prefix_routing.loadtest import BodyPreparer, SageMakerTarget, WorkItem, run_load, summarize, trace_requests
+from prefix_routing.loadtest import (
+    BodyPreparer, LambdaUrlTarget, SageMakerTarget, WorkItem, run_load, summarize, trace_requests,
+)
 from prefix_routing.rules.errors import UserError
 from prefix_routing.rules.settings import NormalizerSettings
 from prefix_routing.stage.config import DEFAULT_STAGE_DATA, StageConfig, parse_stage
@@ -37,6 +42,10 @@ from prefix_routing.stage.config import DEFAULT_STAGE_DATA, StageConfig, parse_s
 CONVERSATION_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "conversation_trace.jsonl"
 STRATEGIES = ("RANDOM", "PREFIX_AWARE")
 CLIENTS = ("varied", "normalized")
+#: Careless clients through the front door: only where routing can use what it normalizes.
+FRONT_DOOR = "front door"
+#: The demo's only caller, as the local front door names a SigV4 access key id.
+DEMO_TENANT = "demo-client"
 
 
 @dataclass(frozen=True)
@@ -127,50 +136,90 @@ def _toml(data: dict, prefix: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 @contextlib.contextmanager
-def emulator_process(stage: StageConfig, *, speed: float, cache_tokens: float | None, seed: int):
+def emulator_process(stage: StageConfig, *, speed: float, cache_tokens: float | None, seed: int,
+                     front_door: bool = False):
     """``python -m prefix_routing emulate`` in its own process, as a real endpoint is: the load
-    tester's clock then measures the network path, not a shared interpreter lock. Yields its URL."""
+    tester's clock then measures the network path, not a shared interpreter lock. Yields its URL, or
+    with ``front_door`` (``emulate --front-door``, which also starts the limits' store when the stage
+    sets limits) the pair (runtime URL, front door URL)."""
     with tempfile.TemporaryDirectory() as config_dir:
         (Path(config_dir) / f"{stage.name}.toml").write_text(_toml(stage.model_dump(mode="json")))
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = _free_port()
         command = [sys.executable, "-m", "prefix_routing", "emulate", "--stage", stage.name, "--port", str(port),
                    "--speed", str(speed), "--duration", "3600"]
         if cache_tokens is not None:
             command += ["--cache-tokens", str(cache_tokens)]
+        front_door_port = _free_port() if front_door else None
+        if front_door_port is not None:
+            command += ["--front-door", str(front_door_port)]
         env = dict(os.environ, PREFIX_ROUTING_CONFIG_DIR=config_dir)
-        process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+        # stdout: the front door's metric lines (EMF), not the demo's business.
+        process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    urllib.request.urlopen(f"{url}/ping", timeout=1).read()
-                    break
-                except OSError:
-                    if process.poll() is not None or time.monotonic() > deadline:
-                        raise UserError(f"the emulator did not start: {process.stderr.read().strip()[-500:]}")
-                    time.sleep(0.05)
-            yield url
+            deadline = time.monotonic() + 60  # dynalite's start is part of it
+            while not (_answers(f"{url}/ping") and (front_door_port is None or _listens(front_door_port))):
+                if process.poll() is not None or time.monotonic() > deadline:
+                    process.terminate()
+                    raise UserError(f"the emulator did not start: {process.communicate(timeout=10)[1].strip()[-500:]}")
+                time.sleep(0.05)
+            yield url if front_door_port is None else (url, f"http://127.0.0.1:{front_door_port}/")
         finally:
-            process.terminate()
-            process.wait(10)
+            process.terminate()  # SIGTERM: the emulator stops its front door and store itself
+            process.wait(30)
             process.stderr.close()
 
 
+def _answers(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=1).read()
+        return True
+    except OSError:
+        return False
+
+
+def _listens(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
 def run_case(workload: Workload, client: str, *, concurrency: int, seed: int) -> CaseResult:
-    with emulator_process(workload.stage, speed=workload.speed, cache_tokens=workload.cache_tokens, seed=seed) as url:
-        target = SageMakerTarget(
-            workload.stage.endpoint_name,
-            inference_component=workload.stage.component_name,
-            endpoint_url=url,
-            region="us-east-1",
-            concurrency=concurrency,
-        )
+    """One row: ``client`` is ``varied``, ``normalized`` or ``front door`` (careless bodies sent to the
+    front door, with a per-tenant limit of ``concurrency`` streams counted in dynalite)."""
+    through_front_door = client == FRONT_DOOR
+    stage = workload.stage
+    if through_front_door:
+        data = stage.model_dump(mode="json")
+        data["limits"] = {"concurrent_streams": concurrency}
+        stage = parse_stage(data, source="demo")
+    with emulator_process(stage, speed=workload.speed, cache_tokens=workload.cache_tokens, seed=seed,
+                          front_door=through_front_door) as urls:
+        url, front_door_url = urls if through_front_door else (urls, None)
+        if front_door_url is not None:
+            from botocore.credentials import Credentials
+
+            target = LambdaUrlTarget(front_door_url, region="us-east-1",
+                                     credentials=Credentials(DEMO_TENANT, "not-checked-locally"))
+        else:
+            target = SageMakerTarget(
+                stage.endpoint_name,
+                inference_component=stage.component_name,
+                endpoint_url=url,
+                region="us-east-1",
+                concurrency=concurrency,
+            )
         prepare = BodyPreparer(
-            vary=client == "varied",
+            vary=client in ("varied", FRONT_DOOR),
             normalize=client == "normalized",
             settings=NormalizerSettings(prefix_length=workload.stage.routing.prefix_length or 4096),
             seed=seed,
@@ -207,7 +256,7 @@ def run_demo(*, conversation_requests: int = 1000, long_context_requests: int = 
     ):
         for strategy in STRATEGIES:
             workload = make(strategy)
-            for client in CLIENTS:
+            for client in CLIENTS + ((FRONT_DOOR,) if strategy == "PREFIX_AWARE" else ()):
                 results.append(run_case(workload, client, concurrency=concurrency, seed=seed))
                 if progress:
                     progress(results[-1])

@@ -184,13 +184,25 @@ class Invoker:
             # Before the answer's end reaches the adapter: in Lambda nothing after it is sure to run
             # before the environment is frozen (a lease left would hold the slot until it expires).
             used = None if record.prompt_tokens is None else record.prompt_tokens + (record.output_tokens or 0)
-            self.limiter.finish(state.admission, used)
-            state.admission = None
+            self._free_stream(state, used)
         if record.status is None:
             record.status = 500
         if self.replicas is not None:
             record.hot_prefixes = self.replicas.hot()
         self.telemetry.publish(record)
+
+    def _free_stream(self, state: _State, tokens_used: int | None) -> None:
+        """Give the tenant's stream back (and book the engine's token count), once."""
+        if self.limiter is not None and state.admission is not None:
+            self.limiter.finish(state.admission, tokens_used)
+            state.admission = None
+
+    def _free_if_complete(self, state: _State, reader: StreamReader) -> None:
+        """Free the stream when its end marker has arrived, before it is handed on: a client that
+        sends its next request as soon as it reads the end must find its slot free."""
+        if state.admission is not None and reader.complete:
+            used = None if reader.prompt_tokens is None else reader.prompt_tokens + (reader.completion_tokens or 0)
+            self._free_stream(state, used)
 
     def _exchange(self, request: FrontRequest, record: RequestRecord, state: _State,
                   collect: bool) -> Iterator[Head | bytes | Outcome]:
@@ -243,6 +255,7 @@ class Invoker:
         failure: UpstreamError | None = None
         last = opened.first[-2:]
         reader.feed(opened.first)
+        self._free_if_complete(state, reader)
         yield opened.first
         delivered = self.clock()  # the head and the first bytes are in the client's socket
         record.ttft_ms = _since_ms(request.arrival, delivered)
@@ -250,6 +263,7 @@ class Invoker:
             for chunk in opened.events:
                 reader.feed(chunk)
                 last = (last + chunk)[-2:]
+                self._free_if_complete(state, reader)
                 yield chunk
                 delivered = self.clock()
                 if delivered > deadline:

@@ -103,8 +103,10 @@ class Refused:
 class DynamoLimitStore:
     """The tenants' items in the table ``table_name``, through a boto3 ``dynamodb`` client."""
 
-    def __init__(self, client: Any, table_name: str) -> None:
+    def __init__(self, client: Any, table_name: str, *, release_client: Any = None) -> None:
         self.client = client
+        # Giving a stream back gets a longer bound than admitting one (rules.limits.RELEASE_TIMEOUT_MS).
+        self.release_client = release_client if release_client is not None else client
         self.table = table_name
         self._minute_seen: dict[str, int] = {}  # tenant → the minute its item last held, as seen here
 
@@ -222,21 +224,22 @@ class DynamoLimitStore:
     def finish(self, tenant: str, lease: str | None, window: int | None, tokens_delta: int | None) -> None:
         """Give ``lease`` back and add ``tokens_delta`` to the minute's tokens if it is still ``window``,
         in one write when both apply."""
+        client = self.release_client
         key = {KEY: {"S": f"tenant#{tenant}"}}
         names = {"#l": lease} if lease is not None else {}
         if window is not None and tokens_delta:
             update = ("REMOVE leases.#l " if lease is not None else "") + "ADD tk :d"
             try:
-                self.client.update_item(TableName=self.table, Key=key, UpdateExpression=update,
+                client.update_item(TableName=self.table, Key=key, UpdateExpression=update,
                                         ConditionExpression="win = :w",
                                         ExpressionAttributeValues={":d": {"N": str(tokens_delta)},
                                                                    ":w": {"N": str(window)}},
                                         **({"ExpressionAttributeNames": names} if names else {}))
                 return
-            except self.client.exceptions.ConditionalCheckFailedException:
+            except client.exceptions.ConditionalCheckFailedException:
                 pass  # a new minute began: its counts owe nothing to this request
         if lease is not None:
-            self.client.update_item(TableName=self.table, Key=key, UpdateExpression="REMOVE leases.#l",
+            client.update_item(TableName=self.table, Key=key, UpdateExpression="REMOVE leases.#l",
                                     ExpressionAttributeNames=names)
 
 
@@ -293,10 +296,14 @@ class Limiter:
         lease = self.new_lease() if limits.concurrent_streams is not None else None
         try:
             counted = self.store.admit(tenant, limits, lease, admission.estimate, now, self.settings.lease_s)
-        except Exception:  # noqa: BLE001 - the store failed (timeout, connection, throttling, a bug of its own)
+        except Exception as error:  # noqa: BLE001 - the store failed (timeout, connection, throttling, a bug of its own)
+            # A write that timed out may have been applied all the same: its lease is given back at the end.
+            maybe_held = lease if _may_have_been_applied(error) else None
             if self.settings.on_store_error == "closed":
+                self.finish(Admission(tenant, rule, limits, lease=maybe_held), None)
                 raise LimitsUnavailable("the per-tenant limits could not be checked") from None
             admission.store_error = True
+            admission.lease = maybe_held
             admission.took_ms = (time.perf_counter() - started) * 1000.0
             return admission
         if isinstance(counted, Refused):
@@ -315,7 +322,7 @@ class Limiter:
     def finish(self, admission: Admission | None, tokens_used: int | None) -> None:
         """Free the stream and replace the token estimate by the engine's usage (when reported), in
         one write. Never raises: a failure here leaves the lease to expire and the estimate counted."""
-        if admission is None or admission.store_error:
+        if admission is None:
             return
         correct = (admission.window is not None and admission.limits.tokens_per_minute is not None
                    and tokens_used is not None)
@@ -327,6 +334,15 @@ class Limiter:
         except Exception:  # noqa: BLE001 - the lease expires on its own
             pass
         admission.lease = None
+
+
+def _may_have_been_applied(error: Exception) -> bool:
+    """Whether a failed write may still have reached the table: not when the connection never opened
+    or the store answered with an error; yes after a read timeout or anything unknown."""
+    from botocore.exceptions import ClientError
+    from botocore.exceptions import ConnectionError as NotConnected
+
+    return not isinstance(error, (ClientError, NotConnected))
 
 
 def _headers(limits: TenantLimits, counted: Counted | None, reset: int) -> dict[str, str]:

@@ -30,6 +30,7 @@ from prefix_routing.frontdoor.config import InvokeConfig
 from prefix_routing.frontdoor.invoker import Invoker
 from prefix_routing.frontdoor.limiter import KEY, DynamoLimitStore, Limiter
 from prefix_routing.frontdoor.record import Telemetry
+from prefix_routing.rules.limits import RELEASE_TIMEOUT_MS
 from prefix_routing.frontdoor.webapp import (
     LAMBDA_CONTEXT_HEADER,
     REQUEST_CONTEXT_HEADER,
@@ -160,7 +161,8 @@ class LocalFrontDoor:
                 raise ValueError("the stage sets per-tenant limits: give limits_store_url (a local DynamoDB store)")
             # Creating the table is no request's business: it gets a generous timeout of its own.
             create_limits_table(limits_client(limits_store_url, 5000), config.limits_table)
-            store = DynamoLimitStore(limits_client(limits_store_url, config.limits.store_timeout_ms), config.limits_table)
+            store = DynamoLimitStore(limits_client(limits_store_url, config.limits.store_timeout_ms), config.limits_table,
+                                     release_client=limits_client(limits_store_url, RELEASE_TIMEOUT_MS))
             limiter = Limiter(config.limits, store)
         self.invoker = Invoker(local_runtime_client(runtime_url, config), config, key,
                                telemetry_sink=Telemetry(config, emit), limiter=limiter)

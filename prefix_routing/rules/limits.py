@@ -44,6 +44,9 @@ BYTES_PER_TOKEN_ESTIMATE: Final = 4
 WINDOW_S: Final = 60
 #: Seconds a request refused by ``concurrent_streams`` is told to wait (no one knows when a stream ends).
 STREAM_RETRY_AFTER_S: Final = 1
+#: The bound on giving a stream back (ms). Longer than an admission's: it is off the first token's
+#: path, and a release lost to a short timeout would hold the tenant's slot until its lease expires.
+RELEASE_TIMEOUT_MS: Final = 1000
 
 
 @dataclass(frozen=True)

@@ -336,6 +336,10 @@ def test_with_limits_the_handler_builds_a_bounded_limiter_on_the_stages_table(mo
         client_config = built.limiter.store.client.meta.config
         assert (client_config.connect_timeout, client_config.read_timeout) == (0.04, 0.04)
         assert client_config.retries["total_max_attempts"] == 1
+        # Giving a stream back is bounded too, but by a second (not 40 ms): a lost release holds a slot.
+        release_config = built.limiter.store.release_client.meta.config
+        assert (release_config.connect_timeout, release_config.read_timeout) == (1.0, 1.0)
+        assert release_config.retries["total_max_attempts"] == 1
         assert built.limiter.settings.default.concurrent_streams == 2
     finally:
         lambda_handler.configure(None)

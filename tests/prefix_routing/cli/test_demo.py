@@ -18,12 +18,13 @@ def long_context_results():
     results = {}
     for strategy in ("RANDOM", "PREFIX_AWARE"):
         workload = long_context_workload_for_demo(150, 20.0, strategy, seed=0)
-        for client in ("varied", "normalized"):
+        for client in ("varied", "normalized") + (("front door",) if strategy == "PREFIX_AWARE" else ()):
             results[strategy, client] = run_case(workload, client, concurrency=16, seed=0)
     return results
 
 
 def test_every_request_is_served(long_context_results):
+    # The front door's case too: 16 clients under a limit of 16 streams per tenant are never refused.
     for result in long_context_results.values():
         assert result.sent == result.succeeded == 150
 
@@ -40,4 +41,10 @@ def test_normalization_recovers_what_client_variation_destroys(long_context_resu
     normalized = long_context_results["PREFIX_AWARE", "normalized"]
     assert normalized.hit_rate > varied.hit_rate + 0.2
     table = render_table(list(long_context_results.values()))
-    assert table.count("\n") == 2 + 4 and "PREFIX_AWARE | normalized | 150 / 150" in table
+    assert table.count("\n") == 2 + 5 and "PREFIX_AWARE | normalized | 150 / 150" in table
+
+
+def test_the_front_door_normalizes_for_careless_clients(long_context_results):
+    varied = long_context_results["PREFIX_AWARE", "varied"]
+    through_front_door = long_context_results["PREFIX_AWARE", "front door"]
+    assert through_front_door.hit_rate > varied.hit_rate + 0.2

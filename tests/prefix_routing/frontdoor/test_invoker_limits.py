@@ -53,6 +53,29 @@ def test_over_the_limit_a_caller_gets_429_with_retry_after_and_the_endpoint_is_n
     assert invoker.buffered(request()).status == 200
 
 
+def test_the_slot_is_free_before_the_answers_end_reaches_the_caller(make):
+    # A client that sends its next request the moment it reads [DONE] must not be refused: with one
+    # stream allowed, a request made while the last bytes are in hand (before the generator ends) is served.
+    invoker, _ = make(concurrent_streams=1)
+    answer = invoker.stream(request())
+    received = b""
+    for item in answer:
+        if isinstance(item, bytes):
+            received += item
+            if received.endswith(b"data: [DONE]\n\n"):
+                break
+    assert invoker.buffered(request()).status == 200
+    answer.close()
+
+
+def test_the_slot_is_held_until_the_end_marker_arrives(make):
+    invoker, _ = make(concurrent_streams=1)
+    answer = invoker.stream(request())
+    next(answer), next(answer), next(answer)  # the head and the first two chunks: no end marker yet
+    assert invoker.buffered(request()).status == 429
+    answer.close()
+
+
 def test_a_caller_going_away_frees_its_slot(make):
     invoker, _ = make(concurrent_streams=1)
     exchange = invoker.stream(request())

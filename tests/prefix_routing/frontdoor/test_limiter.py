@@ -151,3 +151,67 @@ def test_a_refused_stream_gives_back_the_minutes_count_it_took(local_dynamo, tab
     assert refused.value.limit == "concurrent_streams"
     gate.finish(first, tokens_used=None)
     assert gate.admit("acme", 100).headers["x-ratelimit-remaining-requests"] == "0"  # 2 of 2, not 3
+
+
+def test_a_stream_is_given_back_through_the_release_client(local_dynamo, table):
+    # The admission client may be too tight for a release under load; the release has a client of its own.
+    settings = LimitSettings(default=TenantLimits(concurrent_streams=1), store_timeout_ms=2000)
+    dead = limits_client("http://127.0.0.1:9", 200)  # nothing listens: a release through it would be lost
+    gate = Limiter(settings, DynamoLimitStore(limits_client(local_dynamo.url, 2000), table,
+                                              release_client=limits_client(local_dynamo.url, 2000)), clock=Clock())
+    gate.finish(gate.admit("acme", 10), tokens_used=None)
+    assert gate.admit("acme", 10) is not None  # the slot came back
+    lossy = Limiter(settings, DynamoLimitStore(limits_client(local_dynamo.url, 2000), table, release_client=dead),
+                    clock=Clock())
+    lossy.finish(lossy.admit("beta", 10), tokens_used=None)  # lost: the release client cannot reach the store
+    with pytest.raises(Throttled):
+        lossy.admit("beta", 10)
+
+
+class _FailingStore:
+    """Admits nothing: each write fails with ``error``, which a real store may have applied all the same."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        self.released: list[tuple] = []
+
+    def admit(self, *args, **kwargs):
+        raise self.error
+
+    def finish(self, tenant, lease, window, tokens_delta):
+        self.released.append((tenant, lease, window, tokens_delta))
+
+
+def _read_timeout():
+    from botocore.exceptions import ReadTimeoutError
+    return ReadTimeoutError(endpoint_url="http://127.0.0.1:1")
+
+
+def _not_connected():
+    from botocore.exceptions import EndpointConnectionError
+    return EndpointConnectionError(endpoint_url="http://127.0.0.1:1")
+
+
+@pytest.mark.parametrize("on_store_error", ["open", "closed"])
+def test_a_lease_whose_write_timed_out_is_given_back_all_the_same(on_store_error):
+    # The write may have reached the table after the client gave up: left there, it would hold a slot
+    # until its lease expires.
+    store = _FailingStore(_read_timeout())
+    settings = LimitSettings(default=TenantLimits(concurrent_streams=2), on_store_error=on_store_error)
+    gate = Limiter(settings, store, clock=Clock(), new_lease=lambda: "lease-1")
+    if on_store_error == "open":
+        admission = gate.admit("acme", 10)
+        assert admission.store_error and store.released == []  # served; given back when the answer ends
+        gate.finish(admission, tokens_used=99)
+    else:
+        with pytest.raises(LimitsUnavailable):
+            gate.admit("acme", 10)
+    assert store.released == [("acme", "lease-1", None, None)]  # the lease only: no minute was counted
+
+
+def test_a_write_that_never_left_is_not_given_back():
+    store = _FailingStore(_not_connected())
+    gate = Limiter(LimitSettings(default=TenantLimits(concurrent_streams=2)), store, clock=Clock(),
+                   new_lease=lambda: "lease-1")
+    gate.finish(gate.admit("acme", 10), tokens_used=None)
+    assert store.released == []
