@@ -85,7 +85,8 @@ def type_text(annotation: Any) -> str:
         text = f"list of {type_text(item)}s"
     elif origin is dict:
         _, value = typing.get_args(base)
-        inner = "limits" if isinstance(value, type) and issubclass(value, BaseModel) else f"{type_text(value)}s"
+        inner = (("limits" if value.__name__ == "TenantLimitSettings" else "sections (below)")
+                 if isinstance(value, type) and issubclass(value, BaseModel) else f"{type_text(value)}s")
         text = f"table of {inner}"
     else:
         text = {str: "string", int: "integer", float: "number", bool: "boolean"}[base]
@@ -179,6 +180,21 @@ def _sections(model: type[BaseModel], prefix: str = "") -> list[tuple[str, type[
     return found
 
 
+def _named_sections(model: type[BaseModel], prefix: str = "") -> list[tuple[str, type[BaseModel]]]:
+    """Tables of sections (``[domains.<name>]``) whose fields no section above lists already (a
+    ``[limits.tenants."<id>"]`` override has the ``[limits]`` fields)."""
+    found = []
+    for name, field in model.model_fields.items():
+        base, _ = _without_none(field.annotation)
+        if typing.get_origin(base) is dict:
+            _, value = typing.get_args(base)
+            if isinstance(value, type) and issubclass(value, BaseModel) and not issubclass(model, value):
+                found.append((f"{prefix}{name}.<name>", value))
+        elif _is_section(field.annotation):
+            found.extend(_named_sections(field.annotation, f"{prefix}{name}."))
+    return found
+
+
 def _default_stage_summary() -> str:
     data = stage_config.DEFAULT_STAGE_DATA
     model, endpoint, routing = data["model"], data["endpoint"], data["routing"]
@@ -220,8 +236,9 @@ def render() -> str:
         "",
         "Legal settings that probably do not do what was meant print a warning (not an error): `PREFIX_AWARE` "
         "when fewer than two copies can serve, replication enabled without `PREFIX_AWARE`, an instance type "
-        "that is not in the lab's instance table (its accelerator and memory fit are then not checked), and "
-        "a framework that reports no cached tokens.",
+        "that is not in the lab's instance table (its accelerator and memory fit are then not checked), "
+        "a framework that reports no cached tokens, and tenants who share copies on an engine that ignores "
+        "`cache_salt` (refused instead with `tenancy.require_isolation`).",
         "",
         "Each table lists a section's fields: the TOML key (`[routing]` then `prefix_length = 4096` is "
         "`routing.prefix_length`), its type, its default (\"required\": no default), what is allowed and "
@@ -234,7 +251,7 @@ def render() -> str:
         *TABLE_HEADER,
         *_rows(stage_config.StageConfig, ""),
     ]
-    for path, model in _sections(stage_config.StageConfig):
+    for path, model in _sections(stage_config.StageConfig) + _named_sections(stage_config.StageConfig):
         lines += ["", f"## `[{path}]`", "", _docstring(model), "", *TABLE_HEADER, *_rows(model, path + ".")]
     return "\n".join(lines) + "\n"
 

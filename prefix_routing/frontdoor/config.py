@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from prefix_routing.rules.domains import TrustDomains
 from prefix_routing.rules.limits import LimitSettings
 from prefix_routing.rules.replication import ReplicationSettings
 from prefix_routing.rules.settings import NormalizerSettings
@@ -54,6 +55,8 @@ class InvokeConfig:
 
     endpoint_name: str
     component_name: str | None = None
+    #: Trust domains (``DOMAINS``): which component serves which tenant; None: ``component_name`` for all.
+    domains: TrustDomains | None = None
     tenancy: str = "iam"
     tenant_header: str = "x-tenant-id"
     application_header: str = "x-application-id"
@@ -114,7 +117,8 @@ class InvokeConfig:
         ``REPLICATION_ENABLED`` (true|false, default false), ``REPLICATION_MAX_REPLICAS``,
         ``REPLICATION_TARGET_SHARE_FACTOR``, ``REPLICATION_HALF_LIFE_S`` (absent: the defaults of
         :class:`~prefix_routing.rules.replication.ReplicationSettings`), ``COPIES_MIN``, ``COPIES_MAX``,
-        ``ALLOW_DIRECT_INVOKE`` (true|false, default false), ``LIMITS`` (the JSON of
+        ``ALLOW_DIRECT_INVOKE`` (true|false, default false), ``DOMAINS`` (the JSON of
+        :meth:`~prefix_routing.rules.domains.TrustDomains.to_json`; absent: one component), ``LIMITS`` (the JSON of
         :meth:`~prefix_routing.rules.limits.LimitSettings.to_json`; absent: no limits), ``LIMITS_TABLE``.
         """
         env = os.environ if environ is None else environ
@@ -140,6 +144,7 @@ class InvokeConfig:
         return cls(
             endpoint_name=env.get("ENDPOINT_NAME", "").strip(),
             component_name=env.get("INFERENCE_COMPONENT_NAME", "").strip() or None,
+            domains=_domains(env),
             tenancy=env.get("TENANCY", "iam").strip().lower(),
             tenant_header=env.get("TENANT_HEADER", "x-tenant-id").strip(),
             application_header=env.get("APPLICATION_HEADER", "x-application-id").strip(),
@@ -228,3 +233,13 @@ def load_tenant_key(client: Any, secret_id: str) -> bytes:
     if len(key) < 16:
         raise ConfigurationError(f"{secret_id}: the tenant key must be at least 16 bytes")
     return key
+
+
+def _domains(env: Mapping[str, str]) -> TrustDomains | None:
+    raw = env.get("DOMAINS", "").strip()
+    if not raw:
+        return None
+    try:
+        return TrustDomains.from_json(raw)
+    except ValueError as error:
+        raise ConfigurationError(str(error)) from None

@@ -215,6 +215,7 @@ class Invoker:
                                           {"allow": "POST"} if error.status == 405 else {})
             return
         record.tenant, record.application = prepared.tenant, prepared.application
+        record.domain, record.component = prepared.domain, prepared.component
         record.routing_id = prepared.identity.prefix_aware_id
         record.body_kind = prepared.normalized.kind
         record.fingerprint = prepared.normalized.prefix_fingerprint

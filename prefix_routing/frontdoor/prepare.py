@@ -29,6 +29,9 @@ class Prepared:
     #: The raw body's first PrefixLength bytes differ from the normalized body's: without the front
     #: door, routing would have keyed this request elsewhere (``RekeyedRequests``).
     rekeyed: bool = False
+    #: With trust domains: the tenant's domain and the component that serves it.
+    domain: str | None = None
+    component: str | None = None
 
 
 def _wants_usage(normalized: Normalized) -> tuple[bool, bool]:
@@ -50,6 +53,13 @@ def prepare(request: FrontRequest, config: InvokeConfig, key: bytes) -> Prepared
         raise RequestError(405, "method_not_allowed", f"method {request.method[:16]}: only POST is accepted",
                            "method")
     tenant, application = identify_tenant(request, config)
+    domain = component = None
+    if config.domains is not None:
+        domain = config.domains.domain_for(tenant)
+        if domain is None:
+            raise RequestError(403, "unknown_tenant", "this caller is in no trust domain of this deployment, which "
+                               "refuses tenants its stage does not name", "tenant")
+        component = config.domains.component_of(domain)
     try:
         identity = routing_identity(tenant, application, key)
     except ValueError as error:
@@ -73,7 +83,7 @@ def prepare(request: FrontRequest, config: InvokeConfig, key: bytes) -> Prepared
         raise rejected from None
     normalize_ms = (time.perf_counter() - started) * 1000.0
     rekeyed = _rekeyed(_raw_bytes(request.body), normalized.body, identity, config.settings.prefix_length)
-    return Prepared(tenant, application, identity, normalized, normalize_ms, expects_usage, rekeyed)
+    return Prepared(tenant, application, identity, normalized, normalize_ms, expects_usage, rekeyed, domain, component)
 
 
 def _rekeyed(raw: bytes, canonical: bytes, identity: RoutingIdentity, length: int) -> bool:

@@ -46,6 +46,8 @@ class RequestRecord:
     arrival_ms: int
     request_id: str | None = None
     tenant: str | None = None
+    domain: str | None = None  # with trust domains: the tenant's, and the component that served it
+    component: str | None = None
     application: str | None = None
     routing_id: str | None = None
     body_kind: str | None = None
@@ -107,7 +109,7 @@ def log_record(record: RequestRecord, config: InvokeConfig) -> dict[str, Any]:
         F.TENANT: record.tenant,
         LOG_APPLICATION: record.application,
         F.ROUTING_ID: record.routing_id,
-        F.COMPONENT: config.metric_component,
+        F.COMPONENT: record.component or config.metric_component,
         LOG_BODY_KIND: record.body_kind,
         F.PREFIX_FINGERPRINT: record.fingerprint,
         F.PREFIX_LENGTH: settings.prefix_length,
@@ -134,6 +136,8 @@ def log_record(record: RequestRecord, config: InvokeConfig) -> dict[str, Any]:
         L = telemetry.LimitLogField
         line.update({L.RULE: record.limit_rule, L.THROTTLED_BY: record.throttled_by,
                      L.LIMITER_MS: _ms(record.limiter_ms), L.STORE_ERROR: record.limiter_store_error})
+    if config.domains is not None:
+        line[telemetry.DomainLogField.DOMAIN] = record.domain
     if record.replicas is not None:  # replication enabled (absent otherwise: the line stays as it was)
         line[telemetry.ReplicaLogField.REPLICA] = record.replica
         line[telemetry.ReplicaLogField.REPLICAS] = record.replicas
@@ -186,7 +190,7 @@ def emf_document(record: RequestRecord, config: InvokeConfig, timestamp_ms: int 
     from aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch import AmazonCloudWatchEMFProvider
 
     provider = AmazonCloudWatchEMFProvider(namespace=telemetry.NAMESPACE)
-    provider.add_dimension(name=telemetry.DIMENSION_COMPONENT, value=config.metric_component)
+    provider.add_dimension(name=telemetry.DIMENSION_COMPONENT, value=record.component or config.metric_component)
     for spec, value in _metric_values(record):
         provider.add_metric(name=spec.name, unit=spec.unit, value=value, resolution=HIGH_RESOLUTION)
     if timestamp_ms is not None:

@@ -71,8 +71,9 @@ class Upstream:
         """The exact ``InvokeEndpointWithResponseStream`` parameters of a prepared request;
         ``prefix_aware_id`` (a replica's, see :mod:`.replicas`) replaces the tenant's."""
         params: dict[str, Any] = {"EndpointName": self.config.endpoint_name}
-        if self.config.component_name:
-            params["InferenceComponentName"] = self.config.component_name
+        component = prepared.component or self.config.component_name
+        if component:
+            params["InferenceComponentName"] = component
         params["PrefixAwareId"] = prefix_aware_id or prepared.identity.prefix_aware_id
         params["ContentType"] = "application/json"
         params["Body"] = prepared.normalized.body

@@ -164,5 +164,11 @@ class LimitLogField:
     STORE_ERROR: Final = "limiter_store_error"  # the store failed: served (open) or refused (closed) unchecked
 
 
+class DomainLogField:
+    """Fields the request log line has only while the stage has trust domains (``[domains]``)."""
+
+    DOMAIN: Final = "domain"  # the tenant's trust domain; its component is LogField.COMPONENT
+
+
 # The value of LogField.MESSAGE on the per-request line, so readers can pick those lines out.
 REQUEST_LOG_MESSAGE: Final = "prefix_routing.request"

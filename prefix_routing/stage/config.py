@@ -18,11 +18,15 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 
 from prefix_routing.rules.constants import FINGERPRINT_HEX_DIGITS, MAX_BODY_BYTES_LIMIT
 from prefix_routing.rules.limits import LIMIT_NAMES, MAX_LIMIT, MAX_OVERRIDES, MAX_PATTERN, LimitSettings, TenantLimits
+from prefix_routing.rules.domains import MAX_DOMAINS, TrustDomains, shared_without_salt
+from prefix_routing.stage.domains import DomainSettings, TenancySettings, check_domains, component_name
 from prefix_routing.stage.presets import INSTANCES
+from prefix_routing.stage.section import Section as _Section
+from prefix_routing.stage.section import allowed as _allowed
 
 # PREFIX_ROUTING_CONFIG_DIR points synth at another folder of stage files (tests use it).
 CONFIG_DIR = Path(os.environ.get("PREFIX_ROUTING_CONFIG_DIR") or Path(__file__).resolve().parents[2] / "config")
@@ -173,23 +177,12 @@ _ECR_REPOSITORY = r"^[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*(/[a-z0-9]+((\.|_|__|-+)[a
 _IMAGE_TAG = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
 
 
-def _allowed(text: str, **extra: Any) -> dict[str, Any]:
-    """``json_schema_extra`` for a field whose rule is a validator: the reference's "allowed" text."""
-    return {"allowed": text, **extra}
-
-
 class ConfigError(Exception):
     """The stage configuration is invalid. ``str()`` lists every problem, one per line."""
 
     def __init__(self, problems: list[str]):
         super().__init__("\n".join(problems))
         self.problems = problems
-
-
-class _Section(BaseModel):
-    # Unknown keys are typos; strict types: "4096" is not 4096; inf and nan are no numbers
-    # (CloudFormation's JSON has neither: synth would crash).
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 def _name_words(name: str) -> list[str]:
@@ -678,6 +671,13 @@ class StageConfig(_Section):
     normalizer: NormalizerFunctionSettings = Field(NormalizerFunctionSettings(), description="the front-door function")
     advisor: AdvisorSettings = Field(AdvisorSettings(), description="the routing advisor function")
     limits: LimitsSettings = Field(LimitsSettings(), description="per-tenant limits at the front door")
+    domains: dict[str, DomainSettings] = Field(
+        default_factory=dict,
+        description="trust domains: `[domains.<name>]`, each an inference component of its own (its own copies "
+        "and KV caches) serving the tenants it lists; none: one component serves every tenant",
+        json_schema_extra=_allowed(f"at most {MAX_DOMAINS}; names of lower-case letters, digits and hyphens"),
+    )
+    tenancy: TenancySettings = Field(TenancySettings(), description="trust domains: unknown tenants, isolation")
 
     @model_validator(mode="after")
     def _cross_section(self) -> "StageConfig":
@@ -700,6 +700,11 @@ class StageConfig(_Section):
                     f"endpoint.copies_max ({self.endpoint.copies_max}) exceeds what instances_max "
                     f"({self.endpoint.instances_max}) x {self.copies_per_instance} copies per instance can hold"
                 )
+        check_domains(self.domains, self.tenancy, stage_name=self.name, copies_min=self.endpoint.copies_min,
+                      copies_max=self.endpoint.copies_max,
+                      capacity=self.endpoint.instances_max * self.copies_per_instance if known else None)
+        if self.tenancy.require_isolation and self.tenants_sharing_a_cache:
+            raise ValueError("tenancy.require_isolation: " + "; ".join(self.tenants_sharing_a_cache))
         if self.routing.concurrency_threshold is not None and self.routing.strategy == "PREFIX_AWARE":
             if self.scaling.target_concurrent_requests_per_copy > self.routing.concurrency_threshold:
                 raise ValueError(
@@ -728,6 +733,24 @@ class StageConfig(_Section):
         """The inference component's explicit name (CloudFormation's Ref gives only its ARN)."""
         return f"{self.name}-prefix-llm-ic".lower()
 
+    def trust_domains(self) -> TrustDomains | None:
+        """The front door's rule for the stage's ``[domains]`` (None: one component for every tenant)."""
+        if not self.domains:
+            return None
+        default = self.tenancy.default_domain if self.tenancy.unknown_tenants == "default" else None
+        return TrustDomains(
+            components=tuple((name, component_name(self.name, name)) for name in self.domains),
+            tenants=tuple((tenant, name) for name, domain in self.domains.items() for tenant in domain.tenants),
+            default=default,
+        )
+
+    @property
+    def tenants_sharing_a_cache(self) -> list[str]:
+        """Where tenants share copies whose engine ignores ``cache_salt`` (one line per domain)."""
+        default = self.tenancy.default_domain if self.tenancy.unknown_tenants == "default" else None
+        return shared_without_salt(self.model.framework, {n: d.tenants for n, d in self.domains.items()}, default,
+                                   self.normalizer.tenancy)
+
     @property
     def instances_at_rest(self) -> int:
         """Instances serving when traffic is low: the minimum, or what the minimum copies need."""
@@ -753,6 +776,7 @@ class StageConfig(_Section):
                 f"endpoint.instance_type {self.endpoint.instance_type!r} is not in the known table; "
                 "accelerator and memory fit are not checked"
             )
+        found += [f"tenancy: {line}" for line in self.tenants_sharing_a_cache]
         prefix_aware = self.routing.strategy == "PREFIX_AWARE"
         endpoint = self.endpoint
         if self.normalizer.replication.enabled and not prefix_aware:

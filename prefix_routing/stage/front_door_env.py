@@ -25,9 +25,13 @@ LEASE_MARGIN_S = 30
 
 def front_door_environment(config: StageConfig) -> dict[str, str]:
     """The variables ``InvokeConfig.from_env`` reads, as the stage sets them (all strings)."""
-    return function_environment(endpoint_name=config.endpoint_name, component_name=config.component_name,
-                                routing=config.routing, endpoint=config.endpoint, normalizer=config.normalizer,
-                                limits=config.limits)
+    environment = function_environment(endpoint_name=config.endpoint_name, component_name=config.component_name,
+                                       routing=config.routing, endpoint=config.endpoint, normalizer=config.normalizer,
+                                       limits=config.limits)
+    domains = config.trust_domains()
+    if domains is not None:  # each tenant's requests go to its domain's component
+        environment["DOMAINS"] = domains.to_json()
+    return environment
 
 
 def function_environment(*, endpoint_name: str, component_name: str, routing: RoutingSettings,

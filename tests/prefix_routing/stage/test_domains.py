@@ -1,0 +1,106 @@
+"""A stage's trust domains: what parses, what each domain's component is called, and the one-line
+errors for names, the default domain, tenants in two domains, copies that do not fit, and isolation."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from prefix_routing.rules.domains import TrustDomains
+from prefix_routing.stage.config import DEFAULT_STAGE_DATA, ConfigError, parse_stage
+
+ACME = "arn:aws:iam::111122223333:role/acme"
+GLOBEX = "arn:aws:iam::111122223333:role/globex"
+
+
+def stage(domains=None, tenancy=None, framework="vllm", **endpoint):
+    # The default stage: ml.g6e.xlarge (1 GPU, 1 copy per instance), 2-3 instances, 2-3 copies.
+    data = copy.deepcopy(DEFAULT_STAGE_DATA)
+    data["model"]["framework"] = framework
+    data["endpoint"].update(endpoint)
+    if domains is not None:
+        data["domains"] = domains
+    if tenancy is not None:
+        data["tenancy"] = tenancy
+    return data
+
+
+def problems(data) -> list[str]:
+    with pytest.raises(ConfigError) as raised:
+        parse_stage(data, source="stage.toml")
+    return raised.value.problems
+
+
+TWO = {"default": {"copies_min": 1, "copies_max": 2}, "acme": {"tenants": [ACME], "copies_min": 1, "copies_max": 1}}
+
+
+def test_two_domains_give_a_component_each_and_the_front_doors_rule():
+    config = parse_stage(stage(TWO), source="t")
+    assert config.trust_domains() == TrustDomains(
+        components=(("default", "default-default-ic"), ("acme", "default-acme-ic")),
+        tenants=((ACME, "acme"),), default="default")
+
+
+def test_no_domains_no_rule():
+    assert parse_stage(stage(), source="t").trust_domains() is None
+
+
+def test_refusing_unknown_tenants_needs_no_default_domain():
+    config = parse_stage(stage({"acme": {"tenants": [ACME], "copies_min": 1}},
+                               {"unknown_tenants": "refuse", "default_domain": "nowhere"}), source="t")
+    assert config.trust_domains().default is None
+
+
+@pytest.mark.parametrize("domains, tenancy, words", [
+    ({"Acme": {}}, None, "domains.Acme: the name 'Acme'"),
+    ({"a--b": {}}, None, "single hyphens"),
+    ({"x" * 60: {}}, None, "has 71 characters; allowed: at most 63"),  # "default-" + 60 + "-ic"
+    ({"acme": {"tenants": [ACME]}}, None, "tenancy.default_domain 'default' is not one of the domains (acme)"),
+    ({"default": {"tenants": [ACME], "copies_min": 1}, "acme": {"tenants": [ACME], "copies_min": 1}}, None,
+     f"tenant '{ACME}' is in both 'default' and 'acme'"),
+    ({"default": {"copies_min": 2, "copies_max": 1}}, None, "domains.default: copies_min (2) is above copies_max (1)"),
+    ({"default": {"copies_min": 1, "copies_max": 4}}, None, "copies_max (4) exceeds the 3 copies"),
+    # Each domain defaults to the endpoint's copies_min (2): two domains need 4 copies, 3 instances hold 3.
+    ({"default": {}, "acme": {"tenants": [ACME]}}, None, "their copies_min add up to 4, more than the 3 copies"),
+    ({"default": {"tenants": ["has space"]}}, None, "tenant 'has space': allowed"),
+])
+def test_a_bad_domain_is_one_line_naming_the_field_and_the_rule(domains, tenancy, words):
+    found = problems(stage(domains, tenancy))
+    assert len(found) == 1 and words in found[0], found
+
+
+def test_a_domain_may_not_set_an_unknown_field():
+    assert any("domains.default.copies" in p for p in problems(stage({"default": {"copies": 1}})))
+
+
+def test_tenants_together_on_an_engine_without_salt_warn():
+    config = parse_stage(stage({"default": {"tenants": [ACME, GLOBEX], "copies_min": 1}}, framework="djl-lmi"),
+                         source="t")
+    [warning] = [w for w in config.warnings if w.startswith("tenancy:")]
+    assert "domain 'default'" in warning and ACME in warning and GLOBEX in warning and "djl-lmi" in warning
+
+
+def test_require_isolation_refuses_what_would_warn():
+    found = problems(stage({"default": {"tenants": [ACME, GLOBEX], "copies_min": 1}}, {"require_isolation": True},
+                           framework="djl-lmi"))
+    assert len(found) == 1 and "tenancy.require_isolation" in found[0] and "domain 'default'" in found[0]
+
+
+def test_one_tenant_per_domain_on_any_engine_is_isolated():
+    config = parse_stage(stage({"a": {"tenants": [ACME], "copies_min": 1}, "b": {"tenants": [GLOBEX], "copies_min": 1}},
+                               {"unknown_tenants": "refuse", "require_isolation": True}, framework="djl-lmi"),
+                         source="t")
+    assert not [w for w in config.warnings if w.startswith("tenancy:")]
+
+
+def test_the_default_stage_on_vllm_is_not_warned():
+    assert not [w for w in parse_stage(stage(), source="t").warnings if w.startswith("tenancy:")]
+
+
+def test_the_front_doors_environment_carries_the_domains():
+    from prefix_routing.stage.front_door_env import front_door_environment
+
+    config = parse_stage(stage(TWO), source="t")
+    assert TrustDomains.from_json(front_door_environment(config)["DOMAINS"]) == config.trust_domains()
+    assert "DOMAINS" not in front_door_environment(parse_stage(stage(), source="t"))
