@@ -1,4 +1,5 @@
-"""The GPU endpoint with PREFIX_AWARE routing and copy autoscaling."""
+"""The GPU endpoint with PREFIX_AWARE routing and copy autoscaling: one inference component per
+trust domain (else one), each with copy autoscaling of its own."""
 
 from __future__ import annotations
 
@@ -19,23 +20,29 @@ class EndpointStack(Stack):
             self,
             "Inference",
             endpoint_name=config.endpoint_name,
-            component_name=config.component_name,
+            components=config.components(),
             model=config.model,
             endpoint=config.endpoint,
             routing=config.routing,
             metrics=config.metrics,
         )
-        metrics = SageMakerMetrics(endpoint_name=config.endpoint_name, component_name=config.component_name)
-        self.autoscaling = CopyAutoscaling(
-            self,
-            "Autoscaling",
-            component_name=config.component_name,
-            endpoint=config.endpoint,
-            scaling=config.scaling,
-            no_capacity_failures=metrics.no_capacity_failures(),
-        )
-        # The scalable target names the component, which must exist first.
-        self.autoscaling.node.add_dependency(self.endpoint.cfn_inference_component)
+        self.autoscalings: dict[str, CopyAutoscaling] = {}
+        for index, plan in enumerate(config.components()):
+            metrics = SageMakerMetrics(endpoint_name=config.endpoint_name, component_name=plan.name)
+            scaling = CopyAutoscaling(
+                self,
+                "Autoscaling" if index == 0 else f"Autoscaling-{plan.domain}",
+                component_name=plan.name,
+                endpoint=config.endpoint.model_copy(update={"copies_min": plan.copies_min,
+                                                            "copies_max": plan.copies_max}),
+                scaling=config.scaling.model_copy(
+                    update={"target_concurrent_requests_per_copy": plan.target_concurrent_requests_per_copy}),
+                no_capacity_failures=metrics.no_capacity_failures(),
+            )
+            # The scalable target names the component, which must exist first.
+            scaling.node.add_dependency(self.endpoint.cfn_inference_components[plan.name])
+            self.autoscalings[plan.name] = scaling
+        self.autoscaling = self.autoscalings[config.component_name]
 
         role = self.endpoint.role.node.find_child("DefaultPolicy").node.default_child
         acknowledge(
@@ -65,3 +72,6 @@ class EndpointStack(Stack):
             )
         CfnOutput(self, "EndpointName", value=config.endpoint_name)
         CfnOutput(self, "InferenceComponentName", value=config.component_name)
+        if config.domains:
+            CfnOutput(self, "TrustDomainComponents",
+                      value=",".join(f"{plan.domain}={plan.name}" for plan in config.components()))

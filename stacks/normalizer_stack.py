@@ -23,15 +23,16 @@ class NormalizerStack(Stack):
             endpoint_name=config.endpoint_name,
             component_name=config.component_name,
             endpoint_arn=self.format_arn(service="sagemaker", resource="endpoint", resource_name=config.endpoint_name),
-            component_arn=self.format_arn(
-                service="sagemaker", resource="inference-component", resource_name=config.component_name
-            ),
+            # The primary component first (its copy counts are read), then every other domain's.
+            component_arns=[self.format_arn(service="sagemaker", resource="inference-component", resource_name=plan.name)
+                            for plan in config.components()],
             routing=config.routing,
             endpoint=config.endpoint,
             settings=config.normalizer,
             code=normalizer_code(),
             limits=config.limits,
             limits_table=self.limits_table.table if self.limits_table is not None else None,
+            domains=config.trust_domains(),
         )
         CfnOutput(self, "FunctionUrl", value=self.normalizer.function_url.url)
         CfnOutput(self, "FunctionName", value=self.normalizer.function.function_name)

@@ -1,4 +1,4 @@
-"""Alarms, dashboard, saved queries and contributor insights for one stage."""
+"""Alarms, dashboards (one per inference component), saved queries and contributor insights for one stage."""
 
 from __future__ import annotations
 
@@ -18,32 +18,42 @@ class ObservabilityStack(Stack):
         self, scope: Construct, construct_id: str, *, config: StageConfig, request_log: logs.ILogGroup, **kwargs
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
-        normalizer = NormalizerMetrics(component_name=config.component_name)
-        sagemaker = SageMakerMetrics(endpoint_name=config.endpoint_name, component_name=config.component_name)
         self.alert_topic = AlertTopic(self, "Alerts", emails=config.alarms.emails)
-        self.alarms = RoutingAlarms(
-            self,
-            "Alarms",
-            normalizer=normalizer,
-            sagemaker=sagemaker,
-            settings=config.alarms,
-            routing=config.routing,
-            scaling=config.scaling,
-            topic=self.alert_topic.topic,
-            cached_tokens_reported=config.model.reports_cached_tokens,
-            limits_enabled=config.limits.enabled,
-        )
-        self.dashboard = RoutingDashboard(
-            self,
-            "Dashboard",
-            dashboard_name=config.dashboard_name,
-            normalizer=normalizer,
-            sagemaker=sagemaker,
-            alarms=self.alarms.all,
-            advisor=AdvisorMetrics(component_name=config.component_name,
-                                   schedule_minutes=config.advisor.schedule_minutes) if config.advisor.enabled else None,
-            limits_enabled=config.limits.enabled,
-        )
+        # Per inference component (one per trust domain): its alarms and its dashboard; the primary
+        # component's keep the construct ids and names a stage without domains has.
+        self.alarms_by_component: dict[str, RoutingAlarms] = {}
+        self.dashboards: dict[str, RoutingDashboard] = {}
+        for index, plan in enumerate(config.components()):
+            suffix = "" if index == 0 else f"-{plan.domain}"
+            normalizer = NormalizerMetrics(component_name=plan.name)
+            sagemaker = SageMakerMetrics(endpoint_name=config.endpoint_name, component_name=plan.name)
+            alarms = RoutingAlarms(
+                self,
+                "Alarms" + suffix,
+                normalizer=normalizer,
+                sagemaker=sagemaker,
+                settings=config.alarms,
+                routing=config.routing,
+                scaling=config.scaling.model_copy(
+                    update={"target_concurrent_requests_per_copy": plan.target_concurrent_requests_per_copy}),
+                topic=self.alert_topic.topic,
+                cached_tokens_reported=config.model.reports_cached_tokens,
+                limits_enabled=config.limits.enabled,
+            )
+            self.dashboards[plan.name] = RoutingDashboard(
+                self,
+                "Dashboard" + suffix,
+                dashboard_name=config.dashboard_name + suffix,
+                normalizer=normalizer,
+                sagemaker=sagemaker,
+                alarms=alarms.all,
+                advisor=AdvisorMetrics(component_name=plan.name, schedule_minutes=config.advisor.schedule_minutes)
+                if config.advisor.enabled and index == 0 else None,
+                limits_enabled=config.limits.enabled,
+            )
+            self.alarms_by_component[plan.name] = alarms
+        self.alarms = self.alarms_by_component[config.component_name]
+        self.dashboard = self.dashboards[config.component_name]
         self.log_insights = RequestLogInsights(
             self, "RequestLog", log_group=request_log, name_prefix=config.endpoint_name,
             limits_enabled=config.limits.enabled,

@@ -23,7 +23,7 @@ from pydantic import AfterValidator, Field, ValidationError, field_validator, mo
 from prefix_routing.rules.constants import FINGERPRINT_HEX_DIGITS, MAX_BODY_BYTES_LIMIT
 from prefix_routing.rules.limits import LIMIT_NAMES, MAX_LIMIT, MAX_OVERRIDES, MAX_PATTERN, LimitSettings, TenantLimits
 from prefix_routing.rules.domains import MAX_DOMAINS, TrustDomains, shared_without_salt
-from prefix_routing.stage.domains import DomainSettings, TenancySettings, check_domains, component_name
+from prefix_routing.stage.domains import ComponentPlan, DomainSettings, TenancySettings, check_domains, component_name
 from prefix_routing.stage.presets import INSTANCES
 from prefix_routing.stage.section import Section as _Section
 from prefix_routing.stage.section import allowed as _allowed
@@ -706,6 +706,12 @@ class StageConfig(_Section):
         if self.tenancy.require_isolation and self.tenants_sharing_a_cache:
             raise ValueError("tenancy.require_isolation: " + "; ".join(self.tenants_sharing_a_cache))
         if self.routing.concurrency_threshold is not None and self.routing.strategy == "PREFIX_AWARE":
+            for name, domain in self.domains.items():
+                target = domain.target_concurrent_requests_per_copy
+                if target is not None and target > self.routing.concurrency_threshold:
+                    raise ValueError(f"domains.{name}.target_concurrent_requests_per_copy ({target}) is above "
+                                     f"routing.concurrency_threshold ({self.routing.concurrency_threshold}): copies "
+                                     "would spill before autoscaling adds capacity")
             if self.scaling.target_concurrent_requests_per_copy > self.routing.concurrency_threshold:
                 raise ValueError(
                     f"scaling.target_concurrent_requests_per_copy ({self.scaling.target_concurrent_requests_per_copy})"
@@ -730,8 +736,28 @@ class StageConfig(_Section):
 
     @property
     def component_name(self) -> str:
-        """The inference component's explicit name (CloudFormation's Ref gives only its ARN)."""
+        """The inference component's explicit name (CloudFormation's Ref gives only its ARN); with trust
+        domains, the default domain's (else the first domain's): what serves a caller not yet known."""
+        if self.domains:
+            primary = self.tenancy.default_domain if self.tenancy.default_domain in self.domains else next(iter(self.domains))
+            return component_name(self.name, primary)
         return f"{self.name}-prefix-llm-ic".lower()
+
+    def components(self) -> list[ComponentPlan]:
+        """Every inference component the stage deploys: one per trust domain, else one; the component
+        named by :attr:`component_name` first."""
+        endpoint, target = self.endpoint, self.scaling.target_concurrent_requests_per_copy
+        if not self.domains:
+            return [ComponentPlan(None, self.component_name, endpoint.copies_min, endpoint.copies_max, target)]
+        plans = [
+            ComponentPlan(name, component_name(self.name, name),
+                          endpoint.copies_min if d.copies_min is None else d.copies_min,
+                          endpoint.copies_max if d.copies_max is None else d.copies_max,
+                          target if d.target_concurrent_requests_per_copy is None
+                          else d.target_concurrent_requests_per_copy)
+            for name, d in self.domains.items()
+        ]
+        return sorted(plans, key=lambda plan: plan.name != self.component_name)
 
     def trust_domains(self) -> TrustDomains | None:
         """The front door's rule for the stage's ``[domains]`` (None: one component for every tenant)."""

@@ -7,6 +7,7 @@ its copy autoscaling. The rule that maps a tenant to its domain is :mod:`prefix_
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -115,6 +116,18 @@ def check_domains(domains: dict[str, DomainSettings], tenancy: TenancySettings, 
     if capacity is not None and total_min > capacity:
         raise ValueError(f"domains: their copies_min add up to {total_min}, more than the {capacity} copies the "
                          "endpoint's instances_max instances hold; lower the domains' copies_min")
+
+
+@dataclass(frozen=True)
+class ComponentPlan:
+    """One inference component the stage deploys: its domain (None: the stage has no domains), name,
+    copy bounds and copy autoscaling target."""
+
+    domain: str | None
+    name: str
+    copies_min: int
+    copies_max: int
+    target_concurrent_requests_per_copy: float
 
 
 def component_name(stage_name: str, domain: str) -> str:

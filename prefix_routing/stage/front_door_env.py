@@ -7,6 +7,7 @@ tenant key's, which are the deployment's own); ``emulate --front-door`` reads th
 
 from __future__ import annotations
 
+from prefix_routing.rules.domains import TrustDomains
 from prefix_routing.stage.config import (
     EndpointSettings,
     LimitsSettings,
@@ -25,20 +26,17 @@ LEASE_MARGIN_S = 30
 
 def front_door_environment(config: StageConfig) -> dict[str, str]:
     """The variables ``InvokeConfig.from_env`` reads, as the stage sets them (all strings)."""
-    environment = function_environment(endpoint_name=config.endpoint_name, component_name=config.component_name,
-                                       routing=config.routing, endpoint=config.endpoint, normalizer=config.normalizer,
-                                       limits=config.limits)
-    domains = config.trust_domains()
-    if domains is not None:  # each tenant's requests go to its domain's component
-        environment["DOMAINS"] = domains.to_json()
-    return environment
+    return function_environment(endpoint_name=config.endpoint_name, component_name=config.component_name,
+                                routing=config.routing, endpoint=config.endpoint, normalizer=config.normalizer,
+                                limits=config.limits, domains=config.trust_domains())
 
 
 def function_environment(*, endpoint_name: str, component_name: str, routing: RoutingSettings,
                          endpoint: EndpointSettings, normalizer: NormalizerFunctionSettings,
-                         limits: LimitsSettings | None = None) -> dict[str, str]:
+                         limits: LimitsSettings | None = None, domains: TrustDomains | None = None) -> dict[str, str]:
     """The same from the stage's sections (what the normalizer construct is given). With limits, the
-    deployment adds ``LIMITS_TABLE``, the table that holds the counts."""
+    deployment adds ``LIMITS_TABLE``, the table that holds the counts. With trust domains,
+    ``component_name`` is the default domain's and ``DOMAINS`` says which component serves whom."""
     replication = normalizer.replication
     request_timeout_s = max(1, normalizer.timeout_s - DEADLINE_MARGIN_S)
     return {
@@ -64,4 +62,5 @@ def function_environment(*, endpoint_name: str, component_name: str, routing: Ro
         # Per-tenant limits ([limits]): a stream's lease outlives the function's longest request.
         **({"LIMITS": limits.to_rules(normalizer.timeout_s + LEASE_MARGIN_S).to_json()}
            if limits is not None and limits.enabled else {}),
+        **({"DOMAINS": domains.to_json()} if domains is not None else {}),
     }

@@ -11,7 +11,10 @@ from aws_cdk import ArnFormat, Aws, Stack, aws_iam as iam, aws_kms as kms, aws_s
 from aws_cdk.region_info import FactName
 from constructs import Construct
 
+from collections.abc import Sequence
+
 from prefix_routing.stage.config import EndpointSettings, MetricsSettings, ModelSettings, RoutingSettings
+from prefix_routing.stage.domains import ComponentPlan
 
 VARIANT_NAME = "AllTraffic"
 MODEL_DIR = "/opt/ml/model"  # where SageMaker puts ModelDataSource content
@@ -47,9 +50,13 @@ def container_environment(model: ModelSettings) -> dict[str, str]:
 class InferenceEndpoint(Construct):
     """Model, execution role, KMS key, endpoint config, endpoint and inference component.
 
+    One inference component per entry of ``components`` (one per trust domain: copies of their own,
+    KV caches of their own), all of the same model on the endpoint's instances; the first is the
+    stage's primary component.
+
     Attributes: ``role``, ``volume_key``, ``cfn_model``, ``cfn_endpoint_config``, ``cfn_endpoint``,
-    ``cfn_inference_component``, ``endpoint_name``, ``component_name``, ``endpoint_arn``,
-    ``component_arn``.
+    ``cfn_inference_components`` (component name → resource), ``cfn_inference_component`` (the
+    first's), ``endpoint_name``, ``component_name`` (the first's), ``endpoint_arn``, ``component_arn``.
     """
 
     def __init__(
@@ -58,7 +65,7 @@ class InferenceEndpoint(Construct):
         construct_id: str,
         *,
         endpoint_name: str,
-        component_name: str,
+        components: Sequence[ComponentPlan],
         model: ModelSettings,
         endpoint: EndpointSettings,
         routing: RoutingSettings,
@@ -66,6 +73,9 @@ class InferenceEndpoint(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
+        if not components:
+            raise ValueError("InferenceEndpoint: at least one component")
+        component_name = components[0].name
         self.endpoint_name = endpoint_name
         self.component_name = component_name
         self.endpoint_arn = stack.format_arn(service="sagemaker", resource="endpoint", resource_name=endpoint_name)
@@ -76,7 +86,8 @@ class InferenceEndpoint(Construct):
         self.volume_key = kms.Key(
             self, "VolumeKey", enable_key_rotation=True, description=f"Storage volumes of endpoint {endpoint_name}"
         )
-        self.role = self._execution_role(model=model, endpoint_name=endpoint_name, component_name=component_name)
+        self.role = self._execution_role(model=model, endpoint_name=endpoint_name,
+                                         component_names=[plan.name for plan in components])
         # Explicit actions: grant_encrypt_decrypt would add ReEncrypt* and GenerateDataKey* wildcards.
         self.volume_key.grant(
             self.role,
@@ -164,10 +175,17 @@ class InferenceEndpoint(Construct):
             endpoint_config_name=self.cfn_endpoint_config.attr_endpoint_config_name,
         )
 
-        self.cfn_inference_component = sagemaker.CfnInferenceComponent(
+        self.cfn_inference_components = {
+            plan.name: self._component("Component" if index == 0 else f"Component-{plan.domain}", plan, model)
+            for index, plan in enumerate(components)
+        }
+        self.cfn_inference_component = self.cfn_inference_components[component_name]
+
+    def _component(self, construct_id: str, plan: ComponentPlan, model: ModelSettings) -> sagemaker.CfnInferenceComponent:
+        return sagemaker.CfnInferenceComponent(
             self,
-            "Component",
-            inference_component_name=component_name,
+            construct_id,
+            inference_component_name=plan.name,
             endpoint_name=self.cfn_endpoint.attr_endpoint_name,
             variant_name=VARIANT_NAME,
             specification=sagemaker.CfnInferenceComponent.InferenceComponentSpecificationProperty(
@@ -182,16 +200,17 @@ class InferenceEndpoint(Construct):
                 ),
             ),
             runtime_config=sagemaker.CfnInferenceComponent.InferenceComponentRuntimeConfigProperty(
-                copy_count=max(1, endpoint.copies_min)
+                copy_count=max(1, plan.copies_min)
             ),
         )
 
-    def _execution_role(self, *, model: ModelSettings, endpoint_name: str, component_name: str) -> iam.Role:
+    def _execution_role(self, *, model: ModelSettings, endpoint_name: str, component_names: list[str]) -> iam.Role:
         """Pull of this one image, read of this model's S3 prefix, logs and metrics of this endpoint."""
         stack = Stack.of(self)
         role = iam.Role(self, "ExecutionRole", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"))
         # The groups SageMaker writes this endpoint's and component's container logs to.
-        self.log_group_names = (f"/aws/sagemaker/Endpoints/{endpoint_name}", f"/aws/sagemaker/InferenceComponents/{component_name}")
+        self.log_group_names = (f"/aws/sagemaker/Endpoints/{endpoint_name}",
+                                *(f"/aws/sagemaker/InferenceComponents/{name}" for name in component_names))
         registry_account = stack.regional_fact(FactName.DLC_REPOSITORY_ACCOUNT)
         role.add_to_policy(
             iam.PolicyStatement(

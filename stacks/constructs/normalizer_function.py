@@ -23,6 +23,7 @@ Docker nor the network. boto3 and botocore are vendored too, pinned (the runtime
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import jsii
@@ -31,6 +32,7 @@ from aws_cdk import aws_dynamodb as dynamodb, aws_iam as iam, aws_lambda as lamb
 from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
+from prefix_routing.rules.domains import TrustDomains
 from prefix_routing.stage.config import EndpointSettings, LimitsSettings, NormalizerFunctionSettings, RoutingSettings
 from prefix_routing.stage.front_door_env import function_environment
 from stacks.constructs.lambda_assets import IGNORE, RETENTION, copy_library
@@ -114,13 +116,14 @@ class NormalizerFunction(Construct):
         endpoint_name: str,
         component_name: str,
         endpoint_arn: str,
-        component_arn: str,
+        component_arns: Sequence[str],
         routing: RoutingSettings,
         endpoint: EndpointSettings,
         settings: NormalizerFunctionSettings,
         code: lambda_.Code,
         limits: LimitsSettings | None = None,
         limits_table: dynamodb.ITable | None = None,
+        domains: TrustDomains | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self.log_group = logs.LogGroup(
@@ -153,17 +156,17 @@ class NormalizerFunction(Construct):
                 resources=[self.log_group.log_group_arn],
             )
         )
-        # Only this endpoint and its component, only the two invoke actions.
+        # Only this endpoint and its components (one per trust domain), only the two invoke actions.
         self.role.add_to_policy(
             iam.PolicyStatement(
                 actions=["sagemaker:InvokeEndpoint", "sagemaker:InvokeEndpointWithResponseStream"],
-                resources=[endpoint_arn, component_arn],
+                resources=[endpoint_arn, *component_arns],
             )
         )
         # Read this component's copy counts (published with the request metrics: SageMaker has no
         # copy-count metric), nothing else of SageMaker's control plane.
         self.role.add_to_policy(
-            iam.PolicyStatement(actions=["sagemaker:DescribeInferenceComponent"], resources=[component_arn])
+            iam.PolicyStatement(actions=["sagemaker:DescribeInferenceComponent"], resources=[component_arns[0]])
         )
         # Per-tenant limits: the three item operations the limiter makes, on its own table only.
         if limits_table is not None:
@@ -197,7 +200,8 @@ class NormalizerFunction(Construct):
                 # The front door (prefix_routing.frontdoor.InvokeConfig.from_env), as the stage sets it: the
                 # same mapping the local front door (emulate --front-door) reads.
                 **function_environment(endpoint_name=endpoint_name, component_name=component_name,
-                                       routing=routing, endpoint=endpoint, normalizer=settings, limits=limits),
+                                       routing=routing, endpoint=endpoint, normalizer=settings, limits=limits,
+                                       domains=domains),
                 **({"LIMITS_TABLE": limits_table.table_name} if limits_table is not None else {}),
                 "TENANT_KEY_SECRET_ARN": self.tenant_key.secret_arn,  # where the key is, not the key
             },
