@@ -39,7 +39,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--autoscaling", choices=("off", "on"), default="off",
                         help="the copies scale within the stage's bounds as its target tracking would (default off)")
     engines = parser.add_argument_group("real engines instead of the fleet model (one copy per engine)")
-    engines.add_argument("--engines", type=int, metavar="N", help="start N local llama.cpp engines (engines build first)")
+    engines.add_argument("--engines", type=int, metavar="N", help="start N local llama.cpp engines (engines build first); with trust domains, N per domain")
     engines.add_argument("--engine-url", action="append", metavar="URL",
                          help="an OpenAI-compatible server (llama.cpp, vLLM) as one copy; repeatable")
     engines.add_argument("--engine-slots", type=int, default=1, metavar="S", help="--engines: slots per engine (default 1)")
@@ -172,7 +172,8 @@ def _run_on_engines(args, config, faults) -> int:
         if value is not None and not low <= value <= high:
             raise UserError(f"{flag} {value}: allowed {low} to {high}")
     say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
-    with local_engines(args.engines, slots=args.engine_slots, context=args.engine_context,
+    # With trust domains, N engines for each domain's component: no engine serves two domains.
+    with local_engines(args.engines * len(config.components()), slots=args.engine_slots, context=args.engine_context,
                        cache_ram_mib=args.engine_cache_ram, say=say) as engines:
         server = start_engine_emulator(config, [e.url for e in engines], port=args.port, faults=faults)
         _serve(args, config, server, ", ".join(f"{e.url} (pid {e.pid})" for e in engines))

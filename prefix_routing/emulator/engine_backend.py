@@ -372,19 +372,31 @@ def _engine_error(request: RuntimeRequest, status: int, text: str) -> ErrorReply
 def start_engine_emulator(config, engine_urls: Sequence[str], *, port: int = 0, faults=None, seed: int = 0,
                           record_bodies: bool = True):
     """A started ``RuntimeServer`` on 127.0.0.1 serving the stage's endpoint name, routed as the stage
-    routes, with one copy per engine. Stop it with ``server.stop()``."""
+    routes, with one copy per engine. With trust domains, the engines are dealt out in order, an equal
+    share to each domain's component (the primary's first): no engine serves two domains. Stop it
+    with ``server.stop()``."""
+    from prefix_routing.emulator.components import ComponentBackends
     from prefix_routing.emulator.server import RuntimeServer
 
     routing = config.routing
-    backend = EngineBackend(
-        engine_urls,
-        strategy=routing.strategy,
-        # RANDOM and LEAST_OUTSTANDING_REQUESTS ignore these; the router still wants values.
-        prefix_length=routing.prefix_length or 4096,
-        concurrency_threshold=routing.concurrency_threshold or 1024,
-        component_name=config.component_name,
-        seed=seed,
-    )
+    plans = config.components()
+    if len(engine_urls) % len(plans):
+        raise UserError(f"{len(engine_urls)} engines for {len(plans)} components (trust domains): give each the "
+                        "same number")
+    share = len(engine_urls) // len(plans)
+    backends = {
+        plan.name: EngineBackend(
+            engine_urls[index * share:(index + 1) * share],
+            strategy=routing.strategy,
+            # RANDOM and LEAST_OUTSTANDING_REQUESTS ignore these; the router still wants values.
+            prefix_length=routing.prefix_length or 4096,
+            concurrency_threshold=routing.concurrency_threshold or 1024,
+            component_name=plan.name,
+            seed=seed,
+        )
+        for index, plan in enumerate(plans)
+    }
+    backend = next(iter(backends.values())) if len(backends) == 1 else ComponentBackends(backends)
     try:
         server = RuntimeServer(backend, port=port, faults=faults, endpoints=[config.endpoint_name],
                                record_bodies=record_bodies, require_component=True)

@@ -27,6 +27,7 @@ What the backend remembers per request (``served``) is the latest ``SERVED_LIMIT
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import threading
@@ -46,6 +47,7 @@ from prefix_routing.rules.errors import UserError
 from prefix_routing.rules.identity import block_hashes
 from prefix_routing.rules.openai_path import routing_id as openai_routing_id, routing_prefix
 from prefix_routing.stage.config import StageConfig
+from prefix_routing.stage.domains import ComponentPlan
 from prefix_routing.stage.presets import Preset
 
 BYTES_PER_TOKEN = 4.0
@@ -294,22 +296,36 @@ def start_emulator(
     autoscaling: bool = False,
 ):
     """A started ``RuntimeServer`` on 127.0.0.1 serving the stage's endpoint name with a fleet
-    backend. Stop it with ``server.stop()``."""
+    backend (with trust domains, one per domain's component: copies and caches of its own; the slow
+    instance is the primary component's). Stop it with ``server.stop()``."""
+    from prefix_routing.emulator.components import ComponentBackends
     from prefix_routing.emulator.server import RuntimeServer
 
-    backend = FleetBackend(
-        fleet_config_for_stage(config, preset=preset, cache_tokens=cache_tokens, seed=seed, autoscaling=autoscaling),
-        component_name=config.component_name,
-        speed=speed,
-    )
+    backends = {}
+    for plan in config.components():
+        fleet = fleet_config_for_stage(component_stage(config, plan), preset=preset, cache_tokens=cache_tokens,
+                                       seed=seed, autoscaling=autoscaling)
+        if config.domains:  # the domain's copies at most, on as few instances as hold them
+            instances = -(-plan.copies_max // config.copies_per_instance)
+            fleet = dataclasses.replace(fleet, instances=instances, copies=-(-plan.copies_max // instances))
+        backends[plan.name] = FleetBackend(fleet, component_name=plan.name, speed=speed)
+    backend = next(iter(backends.values()))
     if slow_instance is not None:
         instance, factor = slow_instance
         if not 0 <= instance < backend.config.instances:
             raise UserError(f"slow instance {instance}: the fleet has instances 0..{backend.config.instances - 1}")
         backend.set_slow_instance(instance, factor)
     server = RuntimeServer(
-        backend, port=port, faults=faults, endpoints=[config.endpoint_name], record_bodies=record_bodies,
-        require_component=True,
+        backend if len(backends) == 1 else ComponentBackends(backends), port=port, faults=faults,
+        endpoints=[config.endpoint_name], record_bodies=record_bodies, require_component=True,
     )
     server.start()
     return server
+
+
+def component_stage(config: StageConfig, plan: ComponentPlan) -> StageConfig:
+    """The stage as one of its components sees it: the domain's copy bounds, no other domain."""
+    if not config.domains:
+        return config
+    endpoint = config.endpoint.model_copy(update={"copies_min": plan.copies_min, "copies_max": plan.copies_max})
+    return config.model_copy(update={"endpoint": endpoint, "domains": {}})
