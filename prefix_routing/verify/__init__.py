@@ -50,9 +50,12 @@ def verify_stage(config: StageConfig, clients: Clients, *, sender_for: Any = Non
     checks, endpoint_config = check_endpoint(clients.sagemaker, config)
     if endpoint_config is not None:
         checks += check_endpoint_config(endpoint_config, config)
-    component_checks, component = check_component(clients.sagemaker, config)
-    checks += component_checks
-    checks += check_image(clients.sagemaker, clients.ecr, component)
+    primary = None
+    for plan in config.components():  # one per trust domain, the primary first
+        component_checks, component = check_component(clients.sagemaker, config, plan)
+        checks += component_checks
+        primary = primary or component
+    checks += check_image(clients.sagemaker, clients.ecr, primary)
     checks += check_monitoring(clients.cloudformation, clients.cloudwatch, config)
     function_checks, function = check_function(clients.lambda_, clients.cloudformation, config)
     checks += function_checks

@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 from prefix_routing.stage.config import StageConfig
+from prefix_routing.stage.domains import ComponentPlan
 from prefix_routing.verify.report import Check, fail, ok, unknown
 
 _DENIED = ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation")
@@ -84,11 +85,14 @@ def check_endpoint_config(endpoint_config: dict, config: StageConfig) -> list[Ch
     return checks
 
 
-def check_component(sagemaker: Any, config: StageConfig) -> tuple[list[Check], dict | None]:
-    """The inference component's status and copy count (returned for the image check)."""
-    title = f"inference component {config.component_name}"
+def check_component(sagemaker: Any, config: StageConfig,
+                    plan: ComponentPlan | None = None) -> tuple[list[Check], dict | None]:
+    """An inference component's status and copy count (returned for the image check): ``plan``, one
+    of ``config.components()`` (one per trust domain), else the stage's primary component."""
+    plan = plan or config.components()[0]
+    title = f"inference component {plan.name}" + (f" (domain {plan.domain})" if plan.domain else "")
     try:
-        component = sagemaker.describe_inference_component(InferenceComponentName=config.component_name)
+        component = sagemaker.describe_inference_component(InferenceComponentName=plan.name)
     except Exception as error:  # noqa: BLE001
         if error_code(error) in _DENIED:
             return [unknown(title, f"not allowed to read it ({error_code(error)})",
@@ -100,13 +104,13 @@ def check_component(sagemaker: Any, config: StageConfig) -> tuple[list[Check], d
                    "wait while it is Creating/Updating; if Failed, read FailureReason (capacity, image pull, model load)")]
     runtime = component.get("RuntimeConfig") or {}
     current, desired = runtime.get("CurrentCopyCount"), runtime.get("DesiredCopyCount")
-    low, high = config.endpoint.copies_min, config.endpoint.copies_max
+    low, high = plan.copies_min, plan.copies_max
     if isinstance(current, int) and low <= current <= high:
         checks.append(ok("copies", f"{current} serving (desired {desired}; the stage allows {low} to {high})"))
     else:
         checks.append(fail("copies", f"{current} serving (desired {desired}); the stage allows {low} to {high}",
                            "check the copy autoscaling target (Application Auto Scaling, inference-component/"
-                           f"{config.component_name}) and the instance quota"))
+                           f"{plan.name}) and the instance quota"))
     return checks, component
 
 

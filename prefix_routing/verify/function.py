@@ -66,6 +66,9 @@ def check_function(lambda_client: Any, cloudformation: Any, config: StageConfig)
     names = (env.get("ENDPOINT_NAME"), env.get("INFERENCE_COMPONENT_NAME"))
     if not missing and names != (config.endpoint_name, config.component_name):
         problems.append(f"calls {names[0]} / {names[1]}, the stage is {config.endpoint_name} / {config.component_name}")
+    domains = config.trust_domains()
+    if not missing and env.get("DOMAINS") != (domains.to_json() if domains is not None else None):
+        problems.append("its trust domains (DOMAINS) are not the stage's: tenants may reach another domain's copies")
     checks = [fail(title, "; ".join(problems), f"redeploy the normalizer stack: npx cdk deploy {stack} -c stage={config.name}")
               if problems else ok(title, f"{fn.get('Runtime')}, arm64, web adapter layer, environment complete")]
     log_group = (fn.get("LoggingConfig") or {}).get("LogGroup") or f"/aws/lambda/{name}"
