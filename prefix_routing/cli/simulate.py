@@ -30,6 +30,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--users", type=lab_args._ranged_int("--users", 1, 100_000), metavar="U",
                         help="closed loop: U clients, each sending the trace's next request when its last one has "
                         "finished, instead of the trace's arrival times (how AWS's benchmark runs)")
+    parser.add_argument("--domains", type=lab_args._ranged_int("--domains", 2, 8), metavar="K",
+                        help="also price isolation: the same fleet as one shared component against K trust domains "
+                        "(the tenants dealt round-robin, an equal share of the copies each), with PREFIX_AWARE")
     parser.add_argument("--as-sent", action="store_true",
                         help="raw bodies (--format bodies): route on the bytes as the clients sent them, as with no "
                         "front door; the misses of requests whose bytes key differently count as 're-keyed'")
@@ -59,6 +62,13 @@ def run(args) -> int:
     results = lab.simulate_many(trace, config, strategies, speed=args.speed, progress=args.progress, users=args.users,
                                 as_sent=args.as_sent, limits=limits)
     tenants = tenant_summary(trace)
+    isolation = None
+    if args.domains is not None:
+        from prefix_routing.lab.domains import price_of_isolation
+
+        fleet = config if config.strategy is Strategy.PREFIX_AWARE else _with_strategy(config, Strategy.PREFIX_AWARE)
+        isolation = price_of_isolation(trace, fleet, args.domains, run=lambda part, f: lab.simulate(
+            part, f, speed=args.speed, users=args.users, as_sent=args.as_sent, limits=limits))
     out = lab_args.plot_dir(args, "simulate")
     plots = [str(p) for p in lab.plot_simulation(results, out)] if out else []
     if args.json:
@@ -69,6 +79,7 @@ def run(args) -> int:
                 "warnings": warnings + [w for r in results for w in result_warnings(r)],
                 "tenants": {**tenants, "by_strategy": {r.strategy: r.tenants for r in results if r.tenants is not None}},
                 "results": [r.as_dict() for r in results],
+                "domains": isolation,
                 "plots": plots,
             }
         )
@@ -95,6 +106,12 @@ def run(args) -> int:
             print(tenant_table(r.strategy, r.tenants))
     if tenants["dominant"]:
         print(f"\nwarning: {tenants['dominant']['text']}")
+    if isolation is not None:
+        from prefix_routing.lab.domains import isolation_table
+
+        print(f"\ntrust domains (PREFIX_AWARE): one shared component against {args.domains}, each with its own "
+              "copies and caches")
+        print(isolation_table(isolation))
     if plots:
         print("\nplots: " + ", ".join(plots), file=sys.stderr)
     return 0
@@ -175,3 +192,9 @@ def table(results) -> str:
             total = sum(r.instance_requests) or 1
             lines.append(f"  {name:<16}" + " ".join(f"{q / total:5.1%}" for q in r.instance_requests))
     return "\n".join(lines)
+
+
+def _with_strategy(config, strategy):
+    import dataclasses
+
+    return dataclasses.replace(config, strategy=strategy)
