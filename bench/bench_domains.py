@@ -30,8 +30,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from botocore.credentials import Credentials  # noqa: E402
-
 from prefix_routing.emulator.engine_backend import start_engine_emulator  # noqa: E402
 from prefix_routing.engines import session  # noqa: E402
 from prefix_routing.frontdoor.local import LocalFrontDoor  # noqa: E402
@@ -71,8 +69,7 @@ def run_layout(two_domains: bool, pairs: int) -> dict:
     with session.local_engines(engines_needed, slots=1, cache_ram_mib=40, say=lambda text: None) as engines:
         server = start_engine_emulator(config, [e.url for e in engines])
         door = LocalFrontDoor(server.url, front_door_environment(config), emit=lambda line: None)
-        targets = {t: LambdaUrlTarget(door.url + "/", region="us-east-1", credentials=Credentials(t, "not-checked"))
-                   for t in (TENANT_A, TENANT_B)}
+        targets = {t: LambdaUrlTarget.local_caller(door.url + "/", t) for t in (TENANT_A, TENANT_B)}
         rows = []
         try:
             for i in range(pairs):

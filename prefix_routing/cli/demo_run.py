@@ -206,10 +206,7 @@ def run_case(workload: Workload, client: str, *, concurrency: int, seed: int) ->
                           front_door=through_front_door) as urls:
         url, front_door_url = urls if through_front_door else (urls, None)
         if front_door_url is not None:
-            from botocore.credentials import Credentials
-
-            target = LambdaUrlTarget(front_door_url, region="us-east-1",
-                                     credentials=Credentials(DEMO_TENANT, "not-checked-locally"))
+            target = LambdaUrlTarget.local_caller(front_door_url, DEMO_TENANT)
         else:
             target = SageMakerTarget(
                 stage.endpoint_name,

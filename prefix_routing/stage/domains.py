@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from prefix_routing.rules.domains import MAX_DOMAINS, MAX_TENANT_ENTRIES
+from prefix_routing.rules.domains import TrustDomains  # noqa: F401 - the stacks read the stage, not the rules
 from prefix_routing.rules.limits import MAX_PATTERN
 from prefix_routing.stage.section import Section, allowed
 

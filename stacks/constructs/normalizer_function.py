@@ -32,7 +32,7 @@ from aws_cdk import aws_dynamodb as dynamodb, aws_iam as iam, aws_lambda as lamb
 from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
-from prefix_routing.rules.domains import TrustDomains
+from prefix_routing.stage.domains import TrustDomains
 from prefix_routing.stage.config import EndpointSettings, LimitsSettings, NormalizerFunctionSettings, RoutingSettings
 from prefix_routing.stage.front_door_env import function_environment
 from stacks.constructs.lambda_assets import IGNORE, RETENTION, copy_library
