@@ -98,3 +98,14 @@ def test_summary_rounds_rates_to_their_digits_and_guards_its_divisions():
     one_of_three = L.summarize(L.LoadResult(rows[:2] + [rows[3]], started_at=0.0, duration_s=1.0,
                                             stopped_by="end of input"))
     assert one_of_three["error_rate"] == 0.3333  # four digits
+
+
+def test_summary_times_are_rounded_to_the_microsecond():
+    rows = [row(0, ttft=1 / 3, e2e=2 / 3, output=1), row(1, ttft=1 / 3, e2e=2 / 3, output=1)]
+    for r in rows:
+        r.client_overhead_s = 1 / 7
+    summary = L.summarize(L.LoadResult(rows, started_at=0.0, duration_s=1.0, stopped_by="end of input"))
+    # six digits: 1/3 s = 0.333333 s, 2/3 s = 0.666667 s, 1/7 s = 0.142857 s
+    assert (summary["ttft_p50_s"], summary["ttft_mean_s"], summary["ttft_max_s"]) == (0.333333, 0.333333, 0.333333)
+    assert (summary["e2e_p99_s"], summary["e2e_mean_s"]) == (0.666667, 0.666667)
+    assert summary["client_overhead_p50_s"] == 0.142857

@@ -192,3 +192,35 @@ def test_an_exception_is_a_timeout_a_connection_error_or_the_clients(error, kind
 ])
 def test_a_body_asks_for_usage_only_with_stream_options_include_usage_true(body, expected):
     assert _expects_usage(body) is expected
+
+
+@pytest.mark.parametrize("name", ["ProtocolError", "ConnectionClosedError", "EndpointConnectionError",
+                                  "HTTPClientError", "IncompleteRead", "NewConnectionError",
+                                  "ResponseStreamingError"])
+def test_the_http_libraries_connection_errors_are_connection_errors_by_name(name):
+    # botocore's and urllib3's own classes derive from neither OSError nor http.client's exceptions
+    stand_in = type(name, (Exception,), {})
+    assert _exception_kind(stand_in("lost")) == "connection"
+    assert _exception_kind(type(name + "Wrapper", (stand_in,), {})("lost")) == "connection"  # a subclass too
+
+
+def test_a_tgi_final_event_with_odd_details_still_ends_with_stop():
+    parser = parsed(b'data:{"token":{"text":"a"},"generated_text":"a","details":"odd"}\n')
+    assert parser.final_text and parser.finish_reason == "stop" and parser.generated_tokens is None
+    assert parser.verdict(True) == (None, None)
+
+
+def test_closing_twice_changes_nothing():
+    parser = parsed(b"not json")
+    parser.close()
+    assert (parser.unparsed, parser.events) == (1, 0) and parser.verdict(False) == ("truncated", "unreadable answer")
+    done = parsed(data(LAST), b"data: [DONE]")
+    done.close()
+    assert (done.events, done.content_chunks, done.unparsed) == (1, 1, 0) and done.verdict(False) == (None, None)
+
+
+def test_a_document_with_a_line_that_is_an_event_by_itself_is_not_read_whole():
+    # "read whole only when no line was an event": the middle line is JSON on its own
+    parser = parsed(b'{"choices":\n[{"text": "a", "finish_reason": "stop"}]\n}')
+    assert (parser.events, parser.unparsed) == (1, 2)
+    assert parser.verdict(False) == ("truncated", "the stream ended without a finish reason")
