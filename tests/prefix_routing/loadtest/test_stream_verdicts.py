@@ -224,3 +224,17 @@ def test_a_document_with_a_line_that_is_an_event_by_itself_is_not_read_whole():
     parser = parsed(b'{"choices":\n[{"text": "a", "finish_reason": "stop"}]\n}')
     assert (parser.events, parser.unparsed) == (1, 2)
     assert parser.verdict(False) == ("truncated", "the stream ended without a finish reason")
+
+
+def test_a_whole_document_is_kept_up_to_16_mib_only():
+    mib = 1024 * 1024
+    # pretty-printed (no line is an event): read whole at the end, if the parser kept all of it
+    document = json.dumps({"choices": [{"message": {"content": "x" * (20 * mib)}, "finish_reason": "stop"}]},
+                          indent=1).encode()
+    small = json.dumps({"choices": [{"message": {"content": "x" * (15 * mib)}, "finish_reason": "stop"}]},
+                       indent=1).encode()
+    kept = parsed(small[: 8 * mib], small[8 * mib:])
+    assert kept.verdict(False) == (None, None)  # 15 MiB: kept, read whole
+    # 8 + 8 MiB reach the limit: the rest is not kept, so the document cannot be read whole
+    cut = parsed(document[: 8 * mib], document[8 * mib: 16 * mib], document[16 * mib:])
+    assert cut.verdict(False) == ("truncated", "unreadable answer")
