@@ -289,6 +289,23 @@ def test_the_openai_path_routes_on_the_messages_and_the_cache_key(engine):
         backend.close()
 
 
+def test_the_openai_paths_cache_key_separates_identical_messages():
+    backend = EngineBackend(["http://127.0.0.1:9", "http://127.0.0.1:10"], strategy="PREFIX_AWARE",
+                            prefix_length=1024, health_interval_s=None)
+    try:
+        messages = [{"role": "system", "content": "s" * 2000}]
+        homes = set()
+        for tenant in range(12):
+            body = {"messages": messages, "prompt_cache_key": f"tenant-{tenant}"}
+            first, _ = backend._route(request(body, operation=OP_CHAT_COMPLETIONS), body)
+            again, _ = backend._route(request(body, operation=OP_CHAT_COMPLETIONS), body)
+            assert first == again
+            homes.add(first)
+        assert homes == {0, 1}  # 12 keys: both engines (p = 1 - 2^-11)
+    finally:
+        backend.close()
+
+
 def test_engine_urls_must_be_plain_http_with_a_host():
     assert eb._check_url("http://127.0.0.1:8080/") == "http://127.0.0.1:8080"
     for url in ("https://127.0.0.1:8080", "127.0.0.1:8080", "http://", "http:///v1"):
@@ -565,9 +582,9 @@ def test_a_check_that_gets_no_answer_fails_within_its_timeout_and_counts_in_a_ro
     assert state["last_error"] == "TimeoutError: timed out" and state["healthy"] is True  # 1 of 2: still up
 
 
-def test_a_check_reads_no_more_than_the_start_of_a_long_answer(held):
-    # 200 with a body far longer than what is sent: the check must not wait for the rest.
-    server = held(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 5000)
+def test_a_check_reads_at_most_4_kib_of_the_answer(held):
+    # 200 with a body far longer than the 4 KiB sent: the check must not wait for the rest.
+    server = held(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 4096)
     health = EngineHealth([server.url], timeout_s=2.0, unhealthy_after=1)
     assert health.check(0) is True and health.status(0)["last_error"] is None
 
