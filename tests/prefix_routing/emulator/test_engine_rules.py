@@ -306,6 +306,39 @@ def test_the_openai_paths_cache_key_separates_identical_messages():
         backend.close()
 
 
+def test_the_openai_path_routes_on_the_messages_first_prefix_length_characters():
+    backend = EngineBackend(["http://127.0.0.1:9", "http://127.0.0.1:10"], strategy="PREFIX_AWARE",
+                            prefix_length=1024, health_interval_s=None)
+    try:
+        def home(body):
+            return backend._route(request(body, operation=OP_CHAT_COMPLETIONS), body)[0]
+
+        shared = "s" * 2000
+        # the same first 1024 characters, different questions: one engine
+        assert len({home({"messages": [{"role": "system", "content": shared},
+                                       {"role": "user", "content": f"question {i}"}]}) for i in range(12)}) == 1
+        # different prefixes: both engines (p = 1 - 2^-11)
+        assert {home({"messages": [{"role": "system", "content": f"prompt {i} " + shared}]}) for i in range(12)} == {0, 1}
+    finally:
+        backend.close()
+
+
+def test_an_openai_path_request_is_served_on_its_messages(backend, engine):
+    response = backend.handle(request(CHAT, operation=OP_CHAT_COMPLETIONS))
+    assert isinstance(response, BackendResponse) and list(response.chunks)[-1] == b"data: [DONE]\n\n"
+    assert engine.bodies[0]["messages"] == CHAT["messages"]
+
+
+def test_a_body_that_is_no_object_gets_a_vllm_style_400():
+    backend = EngineBackend(["http://127.0.0.1:9"], strategy="RANDOM", health_interval_s=None)
+    try:
+        reply = backend.handle(request(b"[1, 2]"))
+    finally:
+        backend.close()
+    assert reply.original_message == json.dumps({"object": "error", "message": "body is not a JSON object",
+                                                 "type": "BadRequestError", "code": 400})
+
+
 def test_engine_urls_must_be_plain_http_with_a_host():
     assert eb._check_url("http://127.0.0.1:8080/") == "http://127.0.0.1:8080"
     for url in ("https://127.0.0.1:8080", "127.0.0.1:8080", "http://", "http:///v1"):
