@@ -339,6 +339,17 @@ def test_a_body_that_is_no_object_gets_a_vllm_style_400():
                                                  "type": "BadRequestError", "code": 400})
 
 
+def test_an_engine_url_keeps_its_path_without_the_last_slash():
+    assert eb._check_url("http://127.0.0.1:8080/proxyX/") == "http://127.0.0.1:8080/proxyX"
+    assert eb._check_url("http://127.0.0.1:8080//") == "http://127.0.0.1:8080"
+
+
+def test_a_body_with_nothing_to_send_says_so_exactly():
+    with pytest.raises(ValueError) as refused:
+        engine_body({"temperature": 0})
+    assert str(refused.value) == "body has no 'messages', 'prompt' or 'inputs'"
+
+
 def test_engine_urls_must_be_plain_http_with_a_host():
     assert eb._check_url("http://127.0.0.1:8080/") == "http://127.0.0.1:8080"
     for url in ("https://127.0.0.1:8080", "127.0.0.1:8080", "http://", "http:///v1"):
