@@ -351,6 +351,43 @@ def test_a_body_with_nothing_to_send_says_so_exactly():
     assert str(refused.value) == "body has no 'messages', 'prompt' or 'inputs'"
 
 
+def test_the_status_adds_up_the_engines_and_weighs_the_hit_rate_by_tokens():
+    backend = EngineBackend(["http://127.0.0.1:9", "http://127.0.0.1:10"], strategy="LEAST_OUTSTANDING_REQUESTS",
+                            prefix_length=512, concurrency_threshold=7, health_interval_s=None)
+    try:
+        empty = backend.status()
+        assert (empty["requests"], empty["engines_healthy"], empty["hit_rate"]) == (0, 2, None)
+        assert [e["hit_rate"] for e in empty["engines"]] == [None, None]
+        assert [e["ttft_p50_s"] for e in empty["engines"]] == [None, None]
+        for g, ttft in ((0, 0.3), (0, 0.1), (0, 0.2), (1, 0.4)):
+            with backend._lock:  # booked as _route books the engine it chose
+                backend.stats[g].requests += 1
+                backend.stats[g].in_flight += 1
+            backend._done(g, usage={"prompt_tokens": 100 if g == 0 else 300,
+                                    "prompt_tokens_details": {"cached_tokens": 50 if g == 0 else 0}}, ttft_s=ttft)
+        backend.health.connect_failed(1, "refused")
+        status = backend.status()
+        assert (status["strategy"], status["prefix_length"], status["concurrency_threshold"]) == (
+            "LEAST_OUTSTANDING_REQUESTS", 512, 7)
+        # 150 cached of 600 prompt tokens over both engines: 0.25 (not the mean of 0.5 and 0.0)
+        assert (status["requests"], status["engines_healthy"], status["hit_rate"]) == (4, 1, 0.25)
+        first, second = status["engines"]
+        assert (first["url"], first["requests"], first["prompt_tokens"], first["cached_tokens"], first["hit_rate"]) == (
+            "http://127.0.0.1:9", 3, 300, 150, 0.5)
+        assert (first["ttft_p50_s"], second["ttft_p50_s"]) == (0.2, 0.4)
+        assert (first["healthy"], second["healthy"]) == (True, False)
+        assert second["health"]["last_error"] == "request could not connect: refused" and first["health"]["healthy"]
+        assert (first["errors"], first["spills_in"], first["in_flight"], second["in_flight"]) == (0, 0, 0, 0)
+    finally:
+        backend.close()
+
+
+def test_the_median_ttft_of_an_even_count_is_the_mean_of_the_middle_two():
+    stats = eb.EngineStats("http://e")
+    stats.ttfts_s.extend([0.4, 0.1, 0.3, 0.2])
+    assert stats.as_dict()["ttft_p50_s"] == pytest.approx(0.25)
+
+
 def test_engine_urls_must_be_plain_http_with_a_host():
     assert eb._check_url("http://127.0.0.1:8080/") == "http://127.0.0.1:8080"
     for url in ("https://127.0.0.1:8080", "127.0.0.1:8080", "http://", "http:///v1"):

@@ -11,7 +11,8 @@ import socket
 
 import pytest
 
-from prefix_routing.loadtest.stream import StreamParser, _classify_http, _exception_kind, _expects_usage
+from prefix_routing.loadtest.stream import Attempt, StreamParser, _classify_http, _describe, _error_text, \
+    _exception_kind, _expects_usage
 
 
 def parsed(*chunks: bytes) -> StreamParser:
@@ -238,3 +239,32 @@ def test_a_whole_document_is_kept_up_to_16_mib_only():
     # 8 + 8 MiB reach the limit: the rest is not kept, so the document cannot be read whole
     cut = parsed(document[: 8 * mib], document[8 * mib: 16 * mib], document[16 * mib:])
     assert cut.verdict(False) == ("truncated", "unreadable answer")
+
+
+def test_an_error_without_a_message_is_shown_as_json_cut_at_200_characters():
+    error = {"code": "E3", "detail": "d" * 400}
+    assert _error_text(error) == "E3: " + json.dumps(error)[:200]
+    assert _error_text({"type": "throttled"}) == 'throttled: {"type": "throttled"}'
+
+
+def test_an_exception_is_described_by_its_class_and_its_text_on_one_line():
+    assert _describe(ValueError("first\nsecond ")) == "ValueError: first second"
+    assert _describe(ConnectionResetError()) == "ConnectionResetError"
+    assert _describe(OSError("o" * 400)) == "OSError: " + "o" * 300
+
+
+def test_an_attempt_takes_the_parsers_figures_and_its_verdict_unless_it_failed_already():
+    def jsonl(*objects):
+        parser = StreamParser()
+        parser.feed(b"".join(json.dumps(o).encode() + b"\n" for o in objects))
+        return parser
+
+    usage = {"prompt_tokens": 9, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 4}}
+    done = Attempt().finish(jsonl(LAST, {"choices": [], "usage": usage}), expect_usage=True)
+    assert (done.kind, done.detail, done.output_tokens, done.prompt_tokens, done.cached_tokens,
+            done.finish_reason) == (None, None, 2, 9, 4, "stop")
+    no_usage = Attempt().finish(jsonl(LAST), expect_usage=True)
+    assert (no_usage.kind, no_usage.detail) == ("truncated", "the stream ended without the usage chunk")
+    failed = Attempt(kind="throttled", detail="slow down").finish(jsonl(LAST), expect_usage=False)
+    assert (failed.kind, failed.detail, failed.finish_reason, failed.output_tokens) == (
+        "throttled", "slow down", "stop", 1)
