@@ -11,6 +11,8 @@ import http.client
 import io
 import json
 import random
+import socket
+import threading
 
 import pytest
 
@@ -287,11 +289,263 @@ def test_the_openai_path_routes_on_the_messages_and_the_cache_key(engine):
         backend.close()
 
 
+def test_the_openai_paths_cache_key_separates_identical_messages():
+    backend = EngineBackend(["http://127.0.0.1:9", "http://127.0.0.1:10"], strategy="PREFIX_AWARE",
+                            prefix_length=1024, health_interval_s=None)
+    try:
+        messages = [{"role": "system", "content": "s" * 2000}]
+        homes = set()
+        for tenant in range(12):
+            body = {"messages": messages, "prompt_cache_key": f"tenant-{tenant}"}
+            first, _ = backend._route(request(body, operation=OP_CHAT_COMPLETIONS), body)
+            again, _ = backend._route(request(body, operation=OP_CHAT_COMPLETIONS), body)
+            assert first == again
+            homes.add(first)
+        assert homes == {0, 1}  # 12 keys: both engines (p = 1 - 2^-11)
+    finally:
+        backend.close()
+
+
+def test_the_openai_path_routes_on_the_messages_first_prefix_length_characters():
+    backend = EngineBackend(["http://127.0.0.1:9", "http://127.0.0.1:10"], strategy="PREFIX_AWARE",
+                            prefix_length=1024, health_interval_s=None)
+    try:
+        def home(body):
+            return backend._route(request(body, operation=OP_CHAT_COMPLETIONS), body)[0]
+
+        shared = "s" * 2000
+        # the same first 1024 characters, different questions: one engine
+        assert len({home({"messages": [{"role": "system", "content": shared},
+                                       {"role": "user", "content": f"question {i}"}]}) for i in range(12)}) == 1
+        # different prefixes: both engines (p = 1 - 2^-11)
+        homes = {home({"messages": [{"role": "system", "content": f"prompt {i} " + shared}]}) for i in range(12)}
+        assert homes == {0, 1}
+    finally:
+        backend.close()
+
+
+def test_an_openai_path_request_is_served_on_its_messages(backend, engine):
+    response = backend.handle(request(CHAT, operation=OP_CHAT_COMPLETIONS))
+    assert isinstance(response, BackendResponse) and list(response.chunks)[-1] == b"data: [DONE]\n\n"
+    assert engine.bodies[0]["messages"] == CHAT["messages"]
+
+
+def test_a_body_that_is_no_object_gets_a_vllm_style_400():
+    backend = EngineBackend(["http://127.0.0.1:9"], strategy="RANDOM", health_interval_s=None)
+    try:
+        reply = backend.handle(request(b"[1, 2]"))
+    finally:
+        backend.close()
+    assert reply.original_message == json.dumps({"object": "error", "message": "body is not a JSON object",
+                                                 "type": "BadRequestError", "code": 400})
+
+
+def test_an_engine_url_keeps_its_path_without_the_last_slash():
+    assert eb._check_url("http://127.0.0.1:8080/proxyX/") == "http://127.0.0.1:8080/proxyX"
+    assert eb._check_url("http://127.0.0.1:8080//") == "http://127.0.0.1:8080"
+
+
+def test_a_body_with_nothing_to_send_says_so_exactly():
+    with pytest.raises(ValueError) as refused:
+        engine_body({"temperature": 0})
+    assert str(refused.value) == "body has no 'messages', 'prompt' or 'inputs'"
+
+
+def test_the_status_adds_up_the_engines_and_weighs_the_hit_rate_by_tokens():
+    backend = EngineBackend(["http://127.0.0.1:9", "http://127.0.0.1:10"], strategy="LEAST_OUTSTANDING_REQUESTS",
+                            prefix_length=512, concurrency_threshold=7, health_interval_s=None)
+    try:
+        empty = backend.status()
+        assert (empty["requests"], empty["engines_healthy"], empty["hit_rate"]) == (0, 2, None)
+        assert [e["hit_rate"] for e in empty["engines"]] == [None, None]
+        assert [e["ttft_p50_s"] for e in empty["engines"]] == [None, None]
+        for g, ttft in ((0, 0.3), (0, 0.1), (0, 0.2), (1, 0.4)):
+            with backend._lock:  # booked as _route books the engine it chose
+                backend.stats[g].requests += 1
+                backend.stats[g].in_flight += 1
+            backend._done(g, usage={"prompt_tokens": 100 if g == 0 else 300,
+                                    "prompt_tokens_details": {"cached_tokens": 50 if g == 0 else 0}}, ttft_s=ttft)
+        backend.health.connect_failed(1, "refused")
+        status = backend.status()
+        assert (status["strategy"], status["prefix_length"], status["concurrency_threshold"]) == (
+            "LEAST_OUTSTANDING_REQUESTS", 512, 7)
+        # 150 cached of 600 prompt tokens over both engines: 0.25 (not the mean of 0.5 and 0.0)
+        assert (status["requests"], status["engines_healthy"], status["hit_rate"]) == (4, 1, 0.25)
+        first, second = status["engines"]
+        assert (first["url"], first["requests"], first["prompt_tokens"], first["cached_tokens"], first["hit_rate"]) == (
+            "http://127.0.0.1:9", 3, 300, 150, 0.5)
+        assert (first["ttft_p50_s"], second["ttft_p50_s"]) == (0.2, 0.4)
+        assert (first["healthy"], second["healthy"]) == (True, False)
+        assert second["health"]["last_error"] == "request could not connect: refused" and first["health"]["healthy"]
+        assert (first["errors"], first["spills_in"], first["in_flight"], second["in_flight"]) == (0, 0, 0, 0)
+    finally:
+        backend.close()
+
+
+def test_the_median_ttft_of_an_even_count_is_the_mean_of_the_middle_two():
+    stats = eb.EngineStats("http://e")
+    stats.ttfts_s.extend([0.4, 0.1, 0.3, 0.2])
+    assert stats.as_dict()["ttft_p50_s"] == pytest.approx(0.25)
+
+
 def test_engine_urls_must_be_plain_http_with_a_host():
     assert eb._check_url("http://127.0.0.1:8080/") == "http://127.0.0.1:8080"
     for url in ("https://127.0.0.1:8080", "127.0.0.1:8080", "http://", "http:///v1"):
         with pytest.raises(UserError, match="expected http://HOST:PORT"):
             eb._check_url(url)
+
+
+def test_a_backend_without_a_component_serves_any_and_one_with_a_component_serves_requests_naming_none(engine):
+    anyone = EngineBackend([engine.url], strategy="RANDOM", health_interval_s=None)
+    try:
+        assert isinstance(anyone.handle(request(CHAT, inference_component="whatever")), BackendResponse)
+    finally:
+        anyone.close()
+    named = EngineBackend([engine.url], strategy="RANDOM", component_name="ic", health_interval_s=None)
+    try:
+        assert isinstance(named.handle(request(CHAT)), BackendResponse)
+    finally:
+        named.close()
+    assert len(engine.bodies) == 2
+
+
+def test_an_unstreamed_answer_carries_the_variant_and_the_custom_attributes(backend):
+    response = backend.handle(request(CHAT, operation=OP_INVOKE, stream=False, target_variant="v2",
+                                      custom_attributes="k=v"))
+    assert (response.content_type, response.invoked_variant, response.custom_attributes) == (
+        "application/json", "v2", "k=v")
+    assert json.loads(b"".join(response.chunks))["choices"][0]["message"]["content"] == "hi there"
+
+
+class FakeResponse:
+    """What ``_send`` returns: a status and a body read at once, or lines read one by one (an exception
+    in ``lines`` is raised when its turn comes)."""
+
+    def __init__(self, status=200, body=b"", lines=()):
+        self.status, self.body, self.lines = status, body, list(lines)
+
+    def read(self):
+        return self.body
+
+    def readline(self):
+        if not self.lines:
+            return b""
+        line = self.lines.pop(0)
+        if isinstance(line, BaseException):
+            raise line
+        return line
+
+
+class FakeConnection:
+    def __init__(self):
+        self.closed = False
+
+    def close(self):
+        self.closed = True
+
+
+def test_an_engines_error_body_is_decoded_leniently_and_cut_at_1000_characters(backend, monkeypatch):
+    monkeypatch.setattr(backend, "_send", lambda *args: FakeResponse(500, b"\xff" + b"e" * 1500))
+    reply = backend.handle(request(CHAT))
+    assert reply.original_status_code == 500 and reply.original_message == "\ufffd" + "e" * 999
+    monkeypatch.setattr(backend, "_send", lambda *args: FakeResponse(404, b"x" * 1200 + b"\xfe"))
+    reply = backend.handle(request(CHAT))
+    assert reply.original_status_code == 404 and reply.original_message == "x" * 1000
+    stats = backend.status()["engines"][0]
+    assert (stats["requests"], stats["errors"], stats["in_flight"]) == (2, 2, 0)
+
+
+def test_a_stream_that_breaks_mid_way_is_a_stream_broken_error_booked_once(backend):
+    backend._route(request(CHAT), CHAT)
+    connection = FakeConnection()
+    events = backend._relay(0, connection, FakeResponse(lines=[
+        b'data: {"choices": [{"delta": {"content": "a"}}]}\n', b"\n", ConnectionResetError("reset by peer")]), 0.0)
+    assert next(events) == b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n'
+    with pytest.raises(StreamFailure) as failed:
+        next(events)
+    assert (failed.value.kind, failed.value.message, failed.value.error_code) == (
+        "ModelStreamError", "engine stream broke: reset by peer", "StreamBroken")
+    stats = backend.status()["engines"][0]
+    assert connection.closed and (stats["errors"], stats["in_flight"], stats["requests"]) == (1, 0, 1)
+
+
+def test_an_engines_error_event_is_cut_at_500_characters(backend):
+    backend._route(request(CHAT), CHAT)
+    error = {"message": "m" * 600}
+    events = backend._relay(0, FakeConnection(), FakeResponse(lines=[
+        b"data: " + json.dumps({"error": error}).encode() + b"\n", b"\n"]), 0.0)
+    with pytest.raises(StreamFailure) as failed:
+        list(events)
+    assert failed.value.message == "engine error: " + json.dumps(error)[:500]
+    assert len(failed.value.message) == len("engine error: ") + 500
+
+
+def test_the_ttft_is_the_time_to_the_first_event_with_text(backend, monkeypatch):
+    class Clock:
+        def __init__(self, times):
+            self.times = list(times)
+
+        def monotonic(self):
+            return self.times.pop(0)
+
+    monkeypatch.setattr(eb, "time", Clock([11.5, 15.0, 20.0]))
+    backend._route(request(CHAT), CHAT)
+    lines = [b'data: {"choices": [{"delta": {"role": "assistant"}}]}\n', b"\n",
+             b'data: {"choices": [{"delta": {"content": "a"}}]}\n', b"\n",
+             b'data: {"choices": [{"delta": {"content": "b"}}]}\n', b"\n",
+             b'data: {"choices": [], "usage": {"prompt_tokens": 7}}\n', b"\n", b"data: [DONE]\n", b"\n"]
+    assert len(list(backend._relay(0, FakeConnection(), FakeResponse(lines=lines), 10.0))) == 5
+    stats = backend.status()["engines"][0]
+    assert stats["ttft_p50_s"] == 1.5 and stats["prompt_tokens"] == 7 and stats["errors"] == 0
+
+
+def test_usage_figures_add_up_and_missing_ones_count_zero(backend):
+    for _ in range(5):
+        backend._route(request(CHAT), CHAT)
+    backend._done(0, usage={"completion_tokens": 3})
+    stats = backend.status()["engines"][0]
+    assert (stats["prompt_tokens"], stats["cached_tokens"], stats["hit_rate"]) == (0, 0, None)
+    backend._done(0, usage={"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 4}}, ttft_s=0.25)
+    backend._done(0, usage={"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 4}})
+    backend._done(0, usage={"prompt_tokens": 5, "prompt_tokens_details": None}, error=True)
+    backend._done(0, error=True)
+    stats = backend.status()["engines"][0]
+    assert (stats["prompt_tokens"], stats["cached_tokens"], stats["hit_rate"]) == (25, 8, 0.32)
+    assert (stats["in_flight"], stats["errors"], stats["requests"], stats["ttft_p50_s"]) == (0, 2, 5, 0.25)
+
+
+def test_spills_are_counted_on_the_engine_they_spill_to():
+    # Two engines, a threshold of 2: one prefix's home takes two, the next two spill to the other engine.
+    backend = EngineBackend(["http://127.0.0.1:9", "http://127.0.0.1:10"], strategy="PREFIX_AWARE",
+                            concurrency_threshold=2, health_interval_s=None)
+    try:
+        routed = [backend._route(request(CHAT), CHAT) for _ in range(4)]
+        home = routed[0][0]
+        assert routed == [(home, False), (home, False), (1 - home, True), (1 - home, True)]
+        engines = backend.status()["engines"]
+        assert (engines[home]["spills_in"], engines[1 - home]["spills_in"]) == (0, 2)
+        assert [e["in_flight"] for e in engines] == [2, 2] and [e["requests"] for e in engines] == [2, 2]
+    finally:
+        backend.close()
+
+
+def test_with_every_engine_down_nothing_is_chosen_or_booked():
+    backend = EngineBackend(["http://127.0.0.1:9"], strategy="RANDOM", health_interval_s=None)
+    try:
+        backend.health.connect_failed(0, "refused")
+        assert backend._route(request(CHAT), CHAT) == (-1, False)
+        assert backend.status()["engines"][0]["requests"] == 0
+    finally:
+        backend.close()
+
+
+def test_a_whole_answer_skips_comments_anywhere_and_a_choice_without_text_adds_none():
+    events = Events([b": keep-alive\n\n"] + sse({"choices": [{"delta": {"role": "assistant"}}]},
+                                                {"choices": [{"delta": {"content": "ok"}, "finish_reason": "stop"}]}))
+    (answer,) = list(eb._whole(events, chat=True))
+    assert json.loads(answer)["choices"][0]["message"]["content"] == "ok"
+    assert json.loads(answer)["choices"][0]["finish_reason"] == "stop"
+
 
 
 # ----------------------------------------------------------------------------- health
@@ -357,6 +611,79 @@ def test_health_settings_out_of_bounds(kwargs, message):
         EngineHealth(["http://a"], **kwargs)
     EngineHealth(["http://a"], interval_s=0.05, timeout_s=60, unhealthy_after=100)
     EngineHealth(["http://a"], interval_s=300, timeout_s=0.05, unhealthy_after=1)
+
+
+class HeldServer:
+    """A 127.0.0.1 port that reads the request and then ``answer``s it (or says nothing) and holds the
+    connection open until the test ends: an engine that hangs."""
+
+    def __init__(self, answer: bytes = b""):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.answer, self.done, self.held = answer, threading.Event(), []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        try:
+            connection, _ = self.sock.accept()
+        except OSError:
+            return
+        self.held.append(connection)
+        connection.recv(65536)
+        if self.answer:
+            connection.sendall(self.answer)
+        self.done.wait(10)
+
+    def stop(self):
+        self.done.set()
+        self.sock.close()
+        self.thread.join(5)
+        for connection in self.held:
+            connection.close()
+
+
+@pytest.fixture
+def held():
+    servers = []
+
+    def make(answer: bytes = b""):
+        servers.append(HeldServer(answer))
+        return servers[-1]
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+def test_a_check_that_gets_no_answer_fails_within_its_timeout_and_counts_in_a_row(held):
+    server = held()
+    health = EngineHealth([server.url], timeout_s=0.05, unhealthy_after=2)
+    assert health.check(0) is False
+    state = health.status(0)
+    assert state["last_error"] == "TimeoutError: timed out" and state["healthy"] is True  # 1 of 2: still up
+
+
+def test_a_check_reads_at_most_4_kib_of_the_answer(held):
+    # 200 with a body far longer than the 4 KiB sent: the check must not wait for the rest.
+    server = held(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 4096)
+    health = EngineHealth([server.url], timeout_s=2.0, unhealthy_after=1)
+    assert health.check(0) is True and health.status(0)["last_error"] is None
+
+
+def test_a_check_passes_on_200_only(engine):
+    health = EngineHealth([engine.url], unhealthy_after=1)
+    engine.health_status = 201
+    assert health.check(0) is False and health.status(0)["last_error"] == "HTTP 201" and health.healthy() == []
+    engine.health_status = 200
+    assert health.check(0) is True and health.healthy() == [0]
+
+
+def test_a_503_is_a_failed_check_not_a_refusal(engine):
+    health = EngineHealth([engine.url], unhealthy_after=2)
+    engine.health_status = 503
+    assert health.check(0) is False and health.healthy() == [0]  # 1 of 2 in a row: still up
+    assert health.check(0) is False and health.healthy() == []
 
 
 # ----------------------------------------------------------------------------- faults
@@ -441,3 +768,140 @@ def test_rates_are_compared_with_the_draws():
     assert not high.throttle and not high.error and high.truncate_after is None and high.first_chunk_delay == 0.0
     errors = _plan(Faults(error_rate=0.5), 0, Draws(0.2))
     assert errors.error and not errors.throttle
+
+
+def test_a_spec_item_with_two_equals_signs_splits_at_the_first():
+    with pytest.raises(UserError, match=r"fault error_kind='a=b': one of "):
+        Faults.from_spec("error_kind=a=b")
+
+
+def test_a_known_name_without_a_value_is_no_item_and_the_message_lists_every_name():
+    names = "throttle_first, throttle_rate, throttle_status, error_first, error_rate, error_kind, " \
+            "stream_error_after, stream_error_rate, stream_error_kind, stream_error_code, truncate_after, " \
+            "truncate_rate, drop_after, drop_rate, first_chunk_delay, first_chunk_delay_rate, fragment_bytes, seed"
+    with pytest.raises(UserError) as refused:
+        Faults.from_spec("seed")
+    assert str(refused.value) == f"fault 'seed': expected NAME=VALUE with NAME one of {names}"
+
+
+def test_a_spec_gives_ints_floats_and_text_their_types():
+    faults = Faults.from_spec("throttle_status=429,error_rate=0.25,stream_error_code=Boom,drop_after=NONE,seed=3")
+    assert faults == Faults(throttle_status=429, error_rate=0.25, stream_error_code="Boom", seed=3)
+    assert type(faults.throttle_status) is int and type(faults.error_rate) is float
+    assert Faults.from_spec("truncate_after=None").truncate_after is None
+
+
+def test_the_kinds_refused_are_listed_in_full():
+    with pytest.raises(UserError) as refused:
+        Faults(error_kind="Oops")
+    assert str(refused.value) == ("fault error_kind='Oops': one of ValidationError, ModelError, "
+                                  "ModelNotReadyException, InternalFailure, ServiceUnavailable, "
+                                  "InternalDependencyException, ThrottlingException")
+    with pytest.raises(UserError) as refused:
+        Faults(stream_error_kind="Oops")
+    assert str(refused.value) == "fault stream_error_kind='Oops': one of ModelStreamError, InternalStreamFailure"
+    for kind in ("ValidationError", "ThrottlingException"):
+        assert Faults(error_kind=kind).error_kind == kind
+    assert Faults(stream_error_kind="InternalStreamFailure").stream_error_kind == "InternalStreamFailure"
+
+
+@pytest.mark.parametrize("kind", ["stream_error", "truncate", "drop"])
+def test_each_stream_fault_alone_by_rate_or_by_count(kind):
+    by_rate = Faults(**{f"{kind}_rate": 0.25})
+    assert (getattr(by_rate, f"{kind}_after"), getattr(by_rate, f"{kind}_rate")) == (0, 0.25)
+    by_count = Faults(**{f"{kind}_after": 3})
+    assert (getattr(by_count, f"{kind}_after"), getattr(by_count, f"{kind}_rate")) == (3, 1.0)
+    both = Faults(**{f"{kind}_after": 2, f"{kind}_rate": 0.5})
+    assert (getattr(both, f"{kind}_after"), getattr(both, f"{kind}_rate")) == (2, 0.5)
+    neither = Faults()
+    assert (getattr(neither, f"{kind}_after"), getattr(neither, f"{kind}_rate")) == (None, 1.0)
+
+
+@pytest.mark.parametrize("name", ["throttle_rate", "error_rate", "stream_error_rate", "truncate_rate", "drop_rate",
+                                  "first_chunk_delay_rate"])
+def test_every_rate_is_a_fraction_from_0_to_1(name):
+    assert getattr(Faults(**{name: 0.0}), name) == 0.0 and getattr(Faults(**{name: 1.0}), name) == 1.0
+    for value in (-0.01, 1.01, 1.5):
+        with pytest.raises(UserError) as refused:
+            Faults(**{name: value})
+        assert str(refused.value) == f"fault {name}={value}: must be between 0 and 1"
+
+
+@pytest.mark.parametrize("name", ["throttle_first", "error_first", "stream_error_after", "truncate_after",
+                                  "drop_after", "fragment_bytes"])
+def test_every_count_is_0_or_more(name):
+    assert getattr(Faults(**{name: 0}), name) == 0
+    with pytest.raises(UserError) as refused:
+        Faults(**{name: -1})
+    assert str(refused.value) == f"fault {name}=-1: must be >= 0"
+
+
+def test_a_first_chunk_delay_is_0_to_3600_seconds():
+    assert Faults(first_chunk_delay=0).first_chunk_delay == 0
+    assert Faults(first_chunk_delay=3600).first_chunk_delay == 3600
+    for value in (-0.5, 3600.5):
+        with pytest.raises(UserError) as refused:
+            Faults(first_chunk_delay=value)
+        assert str(refused.value) == f"fault first_chunk_delay={value}: allowed 0 to 3600 seconds"
+
+
+class Scripted:
+    """A random source that answers the draws it is given, in order (and says how many were taken)."""
+
+    def __init__(self, draws):
+        self.draws, self.taken = list(draws), 0
+
+    def random(self):
+        self.taken += 1
+        return self.draws.pop(0)
+
+
+#: Every fault on, each at rate 0.5: a draw of 0.1 applies it, 0.9 does not.
+ALL_AT_HALF = Faults(throttle_rate=0.5, error_rate=0.5, stream_error_after=2, stream_error_rate=0.5, truncate_after=3,
+                     truncate_rate=0.5, drop_after=4, drop_rate=0.5, first_chunk_delay=1.5, first_chunk_delay_rate=0.5)
+
+
+NO_FAULT = dict(throttle=False, error=False, stream_error_after=None, truncate_after=None, drop_after=None,
+                first_chunk_delay=0.0)
+
+
+@pytest.mark.parametrize("low, expected", [
+    # The order of draws: throttle, error, stream error, truncate, drop, first-chunk delay.
+    (0, dict(NO_FAULT, throttle=True)),
+    (1, dict(NO_FAULT, error=True)),
+    (2, dict(NO_FAULT, stream_error_after=2)),
+    (3, dict(NO_FAULT, truncate_after=3)),
+    (4, dict(NO_FAULT, drop_after=4)),
+    (5, dict(NO_FAULT, first_chunk_delay=1.5)),
+])
+def test_each_fault_has_its_own_draw(low, expected):
+    draws = [0.9] * 6
+    draws[low] = 0.1
+    rng = Scripted(draws + [0.0])
+    plan = _plan(ALL_AT_HALF, 10, rng)
+    assert rng.taken == 6
+    assert {name: getattr(plan, name) for name in expected} == expected
+
+
+def test_a_draw_equal_to_the_rate_applies_nothing_and_all_low_draws_apply_by_precedence():
+    rng = Scripted([0.5] * 6 + [0.0])
+    plan = _plan(ALL_AT_HALF, 10, rng)
+    assert rng.taken == 6
+    assert (plan.throttle, plan.error, plan.stream_error_after, plan.truncate_after, plan.drop_after,
+            plan.first_chunk_delay) == (False, False, None, None, None, 0.0)
+    plan = _plan(ALL_AT_HALF, 10, Scripted([0.1] * 6))
+    # throttled, so no error; truncate wins over the stream error and the drop; the delay applies
+    assert (plan.throttle, plan.error, plan.stream_error_after, plan.truncate_after, plan.drop_after,
+            plan.first_chunk_delay) == (True, False, None, 3, None, 1.5)
+    no_truncate = Faults(stream_error_after=2, drop_after=4)
+    plan = _plan(no_truncate, 0, Scripted([0.1] * 6))
+    assert (plan.stream_error_after, plan.drop_after) == (2, None)  # the stream error wins over the drop
+    plan = _plan(Faults(drop_after=4, drop_rate=0.5), 0, Scripted([0.1] * 6))
+    assert (plan.truncate_after, plan.stream_error_after, plan.drop_after) == (None, None, 4)
+
+
+@pytest.mark.parametrize("index, throttle, error", [(0, True, False), (1, True, False), (2, False, True),
+                                                    (3, False, True), (4, False, False), (5, False, False)])
+def test_counts_throttle_the_first_k_then_error_the_next_k(index, throttle, error):
+    plan = _plan(Faults(throttle_first=2, error_first=2), index, Scripted([0.9] * 6))
+    assert (plan.throttle, plan.error) == (throttle, error)

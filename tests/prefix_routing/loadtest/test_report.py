@@ -98,3 +98,27 @@ def test_summary_rounds_rates_to_their_digits_and_guards_its_divisions():
     one_of_three = L.summarize(L.LoadResult(rows[:2] + [rows[3]], started_at=0.0, duration_s=1.0,
                                             stopped_by="end of input"))
     assert one_of_three["error_rate"] == 0.3333  # four digits
+
+
+def test_summary_times_are_rounded_to_the_microsecond():
+    rows = [row(0, ttft=1 / 3, e2e=2 / 3, output=1), row(1, ttft=1 / 3, e2e=2 / 3, output=1)]
+    for r in rows:
+        r.client_overhead_s = 1 / 7
+    summary = L.summarize(L.LoadResult(rows, started_at=0.0, duration_s=1.0, stopped_by="end of input"))
+    # six digits: 1/3 s = 0.333333 s, 2/3 s = 0.666667 s, 1/7 s = 0.142857 s
+    assert (summary["ttft_p50_s"], summary["ttft_mean_s"], summary["ttft_max_s"]) == (0.333333, 0.333333, 0.333333)
+    assert (summary["e2e_p99_s"], summary["e2e_mean_s"]) == (0.666667, 0.666667)
+    assert summary["client_overhead_p50_s"] == 0.142857
+
+
+def test_a_request_with_zero_prompt_tokens_adds_none_and_client_cpu_needs_a_duration():
+    rows = [row(0, ttft=0.1, e2e=0.2, prompt=0, cached=0, output=1),
+            row(1, ttft=0.1, e2e=0.2, prompt=10, cached=2, output=1)]
+    summary = L.summarize(L.LoadResult(rows, started_at=0.0, duration_s=0.5, stopped_by="end of input",
+                                       client_cpu_s=0.25))
+    assert (summary["prompt_tokens"], summary["cached_tokens"], summary["hit_rate"]) == (10, 2, 0.2)
+    assert summary["requests_with_usage"] == 2
+    assert summary["client_cpu_utilization"] == 0.5  # 0.25 CPU s over 0.5 s
+    instant = L.summarize(L.LoadResult(rows, started_at=0.0, duration_s=0.0, stopped_by="interrupted",
+                                       client_cpu_s=0.25))
+    assert instant["client_cpu_utilization"] is None and instant["achieved_rate_rps"] is None

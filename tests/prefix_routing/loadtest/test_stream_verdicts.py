@@ -11,7 +11,8 @@ import socket
 
 import pytest
 
-from prefix_routing.loadtest.stream import StreamParser, _classify_http, _exception_kind, _expects_usage
+from prefix_routing.loadtest.stream import Attempt, StreamParser, _classify_http, _describe, _error_text, \
+    _exception_kind, _expects_usage
 
 
 def parsed(*chunks: bytes) -> StreamParser:
@@ -192,3 +193,78 @@ def test_an_exception_is_a_timeout_a_connection_error_or_the_clients(error, kind
 ])
 def test_a_body_asks_for_usage_only_with_stream_options_include_usage_true(body, expected):
     assert _expects_usage(body) is expected
+
+
+@pytest.mark.parametrize("name", ["ProtocolError", "ConnectionClosedError", "EndpointConnectionError",
+                                  "HTTPClientError", "IncompleteRead", "NewConnectionError",
+                                  "ResponseStreamingError"])
+def test_the_http_libraries_connection_errors_are_connection_errors_by_name(name):
+    # botocore's and urllib3's own classes derive from neither OSError nor http.client's exceptions
+    stand_in = type(name, (Exception,), {})
+    assert _exception_kind(stand_in("lost")) == "connection"
+    assert _exception_kind(type(name + "Wrapper", (stand_in,), {})("lost")) == "connection"  # a subclass too
+
+
+def test_a_tgi_final_event_with_odd_details_still_ends_with_stop():
+    parser = parsed(b'data:{"token":{"text":"a"},"generated_text":"a","details":"odd"}\n')
+    assert parser.final_text and parser.finish_reason == "stop" and parser.generated_tokens is None
+    assert parser.verdict(True) == (None, None)
+
+
+def test_closing_twice_changes_nothing():
+    parser = parsed(b"not json")
+    parser.close()
+    assert (parser.unparsed, parser.events) == (1, 0) and parser.verdict(False) == ("truncated", "unreadable answer")
+    done = parsed(data(LAST), b"data: [DONE]")
+    done.close()
+    assert (done.events, done.content_chunks, done.unparsed) == (1, 1, 0) and done.verdict(False) == (None, None)
+
+
+def test_a_document_with_a_line_that_is_an_event_by_itself_is_not_read_whole():
+    # "read whole only when no line was an event": the middle line is JSON on its own
+    parser = parsed(b'{"choices":\n[{"text": "a", "finish_reason": "stop"}]\n}')
+    assert (parser.events, parser.unparsed) == (1, 2)
+    assert parser.verdict(False) == ("truncated", "the stream ended without a finish reason")
+
+
+def test_a_whole_document_is_kept_up_to_16_mib_only():
+    mib = 1024 * 1024
+    # pretty-printed (no line is an event): read whole at the end, if the parser kept all of it
+    document = json.dumps({"choices": [{"message": {"content": "x" * (20 * mib)}, "finish_reason": "stop"}]},
+                          indent=1).encode()
+    small = json.dumps({"choices": [{"message": {"content": "x" * (15 * mib)}, "finish_reason": "stop"}]},
+                       indent=1).encode()
+    kept = parsed(small[: 8 * mib], small[8 * mib:])
+    assert kept.verdict(False) == (None, None)  # 15 MiB: kept, read whole
+    # 8 + 8 MiB reach the limit: the rest is not kept, so the document cannot be read whole
+    cut = parsed(document[: 8 * mib], document[8 * mib: 16 * mib], document[16 * mib:])
+    assert cut.verdict(False) == ("truncated", "unreadable answer")
+
+
+def test_an_error_without_a_message_is_shown_as_json_cut_at_200_characters():
+    error = {"code": "E3", "detail": "d" * 400}
+    assert _error_text(error) == "E3: " + json.dumps(error)[:200]
+    assert _error_text({"type": "throttled"}) == 'throttled: {"type": "throttled"}'
+
+
+def test_an_exception_is_described_by_its_class_and_its_text_on_one_line():
+    assert _describe(ValueError("first\nsecond ")) == "ValueError: first second"
+    assert _describe(ConnectionResetError()) == "ConnectionResetError"
+    assert _describe(OSError("o" * 400)) == "OSError: " + "o" * 300
+
+
+def test_an_attempt_takes_the_parsers_figures_and_its_verdict_unless_it_failed_already():
+    def jsonl(*objects):
+        parser = StreamParser()
+        parser.feed(b"".join(json.dumps(o).encode() + b"\n" for o in objects))
+        return parser
+
+    usage = {"prompt_tokens": 9, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 4}}
+    done = Attempt().finish(jsonl(LAST, {"choices": [], "usage": usage}), expect_usage=True)
+    assert (done.kind, done.detail, done.output_tokens, done.prompt_tokens, done.cached_tokens,
+            done.finish_reason) == (None, None, 2, 9, 4, "stop")
+    no_usage = Attempt().finish(jsonl(LAST), expect_usage=True)
+    assert (no_usage.kind, no_usage.detail) == ("truncated", "the stream ended without the usage chunk")
+    failed = Attempt(kind="throttled", detail="slow down").finish(jsonl(LAST), expect_usage=False)
+    assert (failed.kind, failed.detail, failed.finish_reason, failed.output_tokens) == (
+        "throttled", "slow down", "stop", 1)
