@@ -10,6 +10,8 @@ missing data not breaching, ALARM and OK to the topic.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from aws_cdk import App, Stack, aws_sns as sns
 from aws_cdk.assertions import Template
@@ -31,13 +33,14 @@ PER_INSTANCE_MAX = ('SELECT MAX(ConcurrentRequestsPerCopy) FROM SCHEMA("AWS/Sage
                     f"InstanceId) WHERE InferenceComponentName = '{IC}' GROUP BY InstanceId ORDER BY MAX() DESC")
 
 
-def _alarms(routing=PREFIX_AWARE, *, cached_tokens_reported=True, settings=ALARMS, scaling=SCALING):
-    """(the construct, its stack's template, the topic's logical id)."""
+def _alarms(routing=PREFIX_AWARE, *, settings=ALARMS, scaling=SCALING, **flags):
+    """(the construct, its stack's template, the topic's logical id); ``flags``: cached_tokens_reported,
+    limits_enabled (left out: the construct's defaults)."""
     stack = Stack(App(), "Alarms")
     topic = sns.Topic(stack, "Topic")
     alarms = RoutingAlarms(stack, "A", normalizer=NormalizerMetrics(component_name=IC),
                            sagemaker=SageMakerMetrics(endpoint_name=EP, component_name=IC), settings=settings,
-                           routing=routing, scaling=scaling, topic=topic, cached_tokens_reported=cached_tokens_reported)
+                           routing=routing, scaling=scaling, topic=topic, **flags)
     template = Template.from_stack(stack)
     return alarms, template, stack.get_logical_id(topic.node.default_child)
 
@@ -81,7 +84,12 @@ def _stats(props) -> dict:
 
 @pytest.fixture(scope="module")
 def prefix_aware():
-    return _alarms()
+    return _alarms(cached_tokens_reported=True, limits_enabled=False)
+
+
+@pytest.fixture(scope="module")
+def with_limits():
+    return _alarms(cached_tokens_reported=True, limits_enabled=True)
 
 
 def test_ttft_alarm_is_above_the_p50_threshold_over_the_evaluation_periods(prefix_aware):
@@ -197,6 +205,73 @@ def test_a_container_without_cached_tokens_has_no_hit_rate_alarm():
     assert len(alarms.all) == 6 == len(template.find_resources("AWS::CloudWatch::Alarm"))
 
 
+def test_by_default_there_is_a_hit_rate_alarm_and_no_limits_alarm():
+    # The construct's defaults: the container reports cached tokens, the stage has no per-tenant limits.
+    alarms, template, _ = _alarms()
+    assert alarms.hit_rate is not None and alarms.limiter_store_errors is None
+    assert len(alarms.all) == 7 == len(template.find_resources("AWS::CloudWatch::Alarm"))
+
+
+def test_with_limits_one_store_error_alarms_over_the_evaluation_periods(with_limits):
+    alarms, template, topic = with_limits
+    props = _props(template, alarms.limiter_store_errors)
+    assert _single(props) == (telemetry.NAMESPACE, telemetry.LIMITER_STORE_ERRORS.name,
+                              [{"Name": telemetry.DIMENSION_COMPONENT, "Value": IC}], "Sum", ONE_MINUTE)
+    assert (props["Threshold"], props["ComparisonOperator"]) == (1, "GreaterThanOrEqualToThreshold")
+    _wired(props, topic)
+    assert len(alarms.all) == 8 == len(template.find_resources("AWS::CloudWatch::Alarm"))
+    assert alarms.all[-1] is alarms.limiter_store_errors
+
+
+# An alarm's logical id is its name in CloudWatch (``<stack>-<logical id>-<suffix>``, what ``verify``
+# reports as "alarm default-TtftP50"), and renaming it replaces the alarm in a deployed stack (its
+# history and state go with it). Construct "A" + the alarm's id + CDK's 8-hex hash of the path.
+ALARM_IDS = {"ttft_p50": "TtftP50", "hit_rate": "HitRate", "hotspot": "Hotspot",
+             "pinned_at_threshold": "PinnedAtThreshold", "error_rate": "ErrorRate",
+             "capacity_failures": "CapacityFailures", "refused_direct_invocations": "RefusedDirectInvocations",
+             "limiter_store_errors": "LimiterStoreErrors"}
+
+
+def test_every_alarm_keeps_its_logical_id(with_limits):
+    alarms, template, _ = with_limits
+    found = template.find_resources("AWS::CloudWatch::Alarm")
+    for attribute, construct_id in ALARM_IDS.items():
+        logical = Stack.of(alarms).get_logical_id(getattr(alarms, attribute).node.default_child)
+        assert re.fullmatch(rf"A{construct_id}[0-9A-F]{{8}}", logical), (attribute, logical)
+        assert logical in found
+    assert len(found) == len(ALARM_IDS)
+
+
+# What an operator reads in the notification (and what ``verify`` points to for an alarm in ALARM): the
+# condition with this stage's numbers, where to look, and the setting or log field to check, names
+# spelled as the operator will search for them. ALARMS: ttft 1500 ms, hit rate 0.35, hotspot 3 × 2 = 6
+# (under the threshold of 10), 5XX 2.5 %.
+DESCRIPTIONS = {
+    "ttft_p50": "P50 time to first token above 1500 ms, measured by the normalizer.",
+    "hit_rate": "KV-cache hit rate (cached / prompt tokens) below 0.35: prefix routing is not finding warm caches "
+                "(PrefixLength too short or too long, clients not normalized, spills).",
+    "hotspot": "An instance holds >= 6 concurrent requests per copy (3x its fair share of 2, or the concurrency "
+               "threshold): one prefix group is hot. Each instance is a contributor (per-instance enhanced metrics).",
+    "pinned_at_threshold": "A copy sits at the ConcurrencyThreshold (10) on some instance (MAX of "
+                           "ConcurrentRequestsPerCopy per instance): requests spill to colder copies and the hit "
+                           "rate falls.",
+    "error_rate": "5XX errors above 2.5 % of invocations.",
+    "capacity_failures": "Requests found no copy to serve them (scaled to zero or at max capacity).",
+    "refused_direct_invocations": "A direct invocation of the front door was refused (403): its caller may invoke "
+                                  "the function without the lambda:InvokedViaFunctionUrl condition. Find it in the "
+                                  "request log (error_kind direct_invocation_refused) and CloudTrail's Invoke events.",
+    "limiter_store_errors": "The per-tenant limits could not be checked (their DynamoDB table failed or took longer "
+                            "than limits.store_timeout_ms): requests were served unchecked (on_store_error open) or "
+                            "refused with 503 (closed).",
+}
+
+
+@pytest.mark.parametrize("attribute", sorted(DESCRIPTIONS))
+def test_each_notification_says_what_happened_and_where_to_look(with_limits, attribute):
+    alarms, template, _ = with_limits
+    assert _props(template, getattr(alarms, attribute))["AlarmDescription"] == DESCRIPTIONS[attribute]
+
+
 # ------------------------------------------------------------------------------------ copy autoscaling
 
 def _autoscaling(copies_min: int, copies_max: int = 4):
@@ -246,6 +321,30 @@ def test_with_a_minimum_of_zero_one_capacity_failure_adds_one_copy():
     assert scaling.scale_from_zero is not None and scaling.scale_from_zero_alarm is not None
 
 
+def test_the_scaling_resources_keep_their_logical_ids():
+    # Renaming one replaces it in a deployed stack (a new scalable target starts from the stage's minimum,
+    # a new policy's alarms start in INSUFFICIENT_DATA). Construct "S" + the id (+ the policy's under
+    # Copies) + CDK's 8-hex hash of the path.
+    _, template = _autoscaling(0, 3)
+    logical = {kind: sorted(template.find_resources(f"AWS::{kind}"))
+               for kind in ("ApplicationAutoScaling::ScalableTarget", "ApplicationAutoScaling::ScalingPolicy",
+                            "CloudWatch::Alarm")}
+    hex8 = "[0-9A-F]{8}"
+    (target,) = logical["ApplicationAutoScaling::ScalableTarget"]
+    assert re.fullmatch(f"SCopies{hex8}", target)
+    tracking, step = sorted(logical["ApplicationAutoScaling::ScalingPolicy"], key=lambda name: "ScaleFromZero" in name)
+    assert re.fullmatch(f"SCopiesConcurrentRequestsPerCopy{hex8}", tracking)
+    assert re.fullmatch(f"SScaleFromZero{hex8}", step)
+    (alarm,) = logical["CloudWatch::Alarm"]
+    assert re.fullmatch(f"SNoCapacityAlarm{hex8}", alarm)
+
+
+def test_the_scale_from_zero_alarm_says_what_it_does():
+    scaling, template = _autoscaling(0, 3)
+    (alarm,) = template.find_resources("AWS::CloudWatch::Alarm").values()
+    assert alarm["Properties"]["AlarmDescription"] == "A request found no copy: add one (scale from zero)."
+
+
 # ------------------------------------------------------------------------------------ the metric factory
 
 def test_normalizer_metrics_are_per_component_one_minute_in_our_namespace():
@@ -266,13 +365,17 @@ def test_sagemaker_metrics_are_per_component_one_minute():
     failures = metrics.no_capacity_failures()
     assert (failures.namespace, failures.metric_name, failures.statistic, failures.period.to_seconds()) == (
         "AWS/SageMaker", "NoCapacityInvocationFailures", "Sum", 60)
-    assert failures.dimensions == {"InferenceComponentName": IC}
+    assert failures.dimensions == {"InferenceComponentName": IC} and failures.label == "no capacity failures"
     per_copy = metrics.concurrent_requests_per_copy("Minimum")
     assert (per_copy.metric_name, per_copy.statistic) == ("ConcurrentRequestsPerCopy", "Minimum")
     assert per_copy.dimensions == {"InferenceComponentName": IC} and per_copy.period.to_seconds() == 60
     assert metrics.concurrent_requests_per_copy().statistic == "Maximum"  # the busiest reading by default
+    # The metric documents Minimum and Maximum only: an average is refused, saying which are documented.
+    with pytest.raises(ValueError, match=r"'Average': AWS documents only Minimum and Maximum$"):
+        metrics.concurrent_requests_per_copy("Average")
     errors = metrics.error_rate_percent()
     assert errors.expression == "100 * errors / MAX([errors, invocations])" and errors.period.to_seconds() == 60
+    assert errors.label == "5XX error rate %"
     assert {k: (m.metric_name, m.statistic) for k, m in errors.using_metrics.items()} == {
         "errors": ("Invocation5XXErrors", "Sum"), "invocations": ("Invocations", "Sum")}
 
@@ -282,6 +385,7 @@ def test_concurrency_per_instance_is_the_max_query_over_the_per_instance_set():
     per_instance = metrics.concurrency_per_instance()
     assert per_instance.expression == PER_INSTANCE_MAX and per_instance.period.to_seconds() == 60
     assert dict(per_instance.using_metrics) == {}
+    assert per_instance.label == "concurrent requests per copy, per instance"
     assert metrics.per_instance_query("SUM", "Invocations") == (
         'SELECT SUM(Invocations) FROM SCHEMA("AWS/SageMaker", InferenceComponentName, InstanceId) '
         f"WHERE InferenceComponentName = '{IC}' GROUP BY InstanceId ORDER BY SUM() DESC")
