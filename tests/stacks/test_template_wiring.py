@@ -20,6 +20,7 @@ from prefix_routing.rules import telemetry
 from prefix_routing.stage.config import AlarmSettings, EndpointSettings, RoutingSettings, ScalingSettings
 from stacks.constructs.alarms import RoutingAlarms
 from stacks.constructs.copy_autoscaling import CopyAutoscaling
+from stacks.constructs.limits_table import TenantLimitsTable
 from stacks.metrics import NormalizerMetrics, SageMakerMetrics
 
 IC, EP = "ic-test", "ep-test"
@@ -394,3 +395,39 @@ def test_concurrency_per_instance_is_the_max_query_over_the_per_instance_set():
     assert metrics.per_instance_query("SUM", "Invocations") == (
         'SELECT SUM(Invocations) FROM SCHEMA("AWS/SageMaker", InferenceComponentName, InstanceId) '
         f"WHERE InferenceComponentName = '{IC}' GROUP BY InstanceId ORDER BY SUM() DESC")
+
+
+# ------------------------------------------------------------------------------------ the limits' table
+
+def _limits_table():
+    stack = Stack(App(), "Limits")
+    limits = TenantLimitsTable(stack, "L")
+    return limits, Template.from_stack(stack)
+
+
+def test_the_limits_table_is_keyed_on_demand_expiring_encrypted_and_not_backed_up():
+    # docs: one item per tenant keyed by telemetry.LIMITS_TABLE_KEY, items expire by DynamoDB's TTL on
+    # LIMITS_TABLE_TTL, on demand, the AWS managed key; counts that expire within minutes are not backed up
+    # and go with the stack.
+    limits, template = _limits_table()
+    ((logical, table),) = template.find_resources("AWS::DynamoDB::Table").items()
+    assert re.fullmatch("LTable[0-9A-F]{8}", logical)  # a new logical id would replace the table
+    assert Stack.of(limits).get_logical_id(limits.cfn_table) == logical
+    assert table["Properties"] == {
+        "AttributeDefinitions": [{"AttributeName": "pk", "AttributeType": "S"}],
+        "KeySchema": [{"AttributeName": "pk", "KeyType": "HASH"}],
+        "BillingMode": "PAY_PER_REQUEST",
+        "TimeToLiveSpecification": {"AttributeName": "expires_at", "Enabled": True},
+        "SSESpecification": {"SSEEnabled": True},
+        "PointInTimeRecoverySpecification": {"PointInTimeRecoveryEnabled": False},
+    }
+    assert (table["DeletionPolicy"], table["UpdateReplacePolicy"]) == ("Delete", "Delete")
+
+
+def test_the_limits_table_acknowledges_only_cdk_nags_backup_rule_with_its_reason():
+    limits, _ = _limits_table()
+    acknowledged = {key: reason for entry in limits.table.node.metadata if entry.type == "aws:cdk:acknowledged-rules"
+                    for key, reason in entry.data.items()}
+    assert acknowledged == {"Annotation::AwsSolutions-DDB3": (
+        "The table holds only counts that expire within minutes (stream leases, per-minute request and token "
+        "counts); a restore would bring back stale counts, never data worth keeping.")}
