@@ -1,4 +1,5 @@
-"""Alarm thresholds and wiring, copy autoscaling and the metric factory, each in one small stack.
+"""Alarm thresholds and wiring, copy autoscaling, the metric factory, the limits' table and the inference
+endpoint, each in one small stack.
 
 The whole-stage synths (test_alarms.py, test_copy_autoscaling.py) take half a minute each; these
 build only the construct under test (about 0.2 s once jsii is up), so that ``make mutants`` can run
@@ -17,9 +18,11 @@ from aws_cdk import App, Stack, aws_sns as sns
 from aws_cdk.assertions import Template
 
 from prefix_routing.rules import telemetry
-from prefix_routing.stage.config import AlarmSettings, EndpointSettings, RoutingSettings, ScalingSettings
+from prefix_routing.stage.config import (DEFAULT_STAGE_DATA, AlarmSettings, EndpointSettings, RoutingSettings,
+                                         ScalingSettings, parse_stage)
 from stacks.constructs.alarms import RoutingAlarms
 from stacks.constructs.copy_autoscaling import CopyAutoscaling
+from stacks.constructs.inference_endpoint import InferenceEndpoint, container_environment
 from stacks.constructs.limits_table import TenantLimitsTable
 from stacks.metrics import NormalizerMetrics, SageMakerMetrics
 
@@ -431,3 +434,198 @@ def test_the_limits_table_acknowledges_only_cdk_nags_backup_rule_with_its_reason
     assert acknowledged == {"Annotation::AwsSolutions-DDB3": (
         "The table holds only counts that expire within minutes (stream leases, per-minute request and token "
         "counts); a restore would bring back stale counts, never data worth keeping.")}
+
+
+# ------------------------------------------------------------------------------------ the inference endpoint
+
+def _text(value):
+    """A template value as text: Fn::Join joined, ${Ref} for a Ref, ${DLC} for the regional DLC account
+    (an Fn::FindInMap on the region), ${Logical.Attribute} for an Fn::GetAtt; lists and dicts walked."""
+    if isinstance(value, list):
+        return [_text(v) for v in value]
+    if isinstance(value, dict):
+        if "Fn::Join" in value:
+            separator, parts = value["Fn::Join"]
+            return separator.join(_text(p) for p in parts)
+        if "Ref" in value:
+            return "${%s}" % value["Ref"]
+        if "Fn::FindInMap" in value:
+            assert value["Fn::FindInMap"][1:] == [{"Ref": "AWS::Region"}, "value"], value
+            return "${DLC}"
+        if "Fn::GetAtt" in value:
+            return "${%s}" % ".".join(value["Fn::GetAtt"])
+        return {k: _text(v) for k, v in value.items()}
+    return value
+
+
+# Distinct values everywhere (docs/configuration.md's [model], [endpoint], [routing], [metrics]).
+HF_MODEL = {"framework": "vllm", "image_repository": "vllm", "image_tag": "server-sagemaker-cuda-v2",
+            "model_id": "meta-llama/Llama-3.1-8B-Instruct", "tensor_parallel_degree": 4, "accelerators_per_copy": 4,
+            "memory_per_copy_mb": 40960, "startup_health_check_timeout_s": 1200,
+            "environment": {"SM_VLLM_MAX_MODEL_LEN": "8192", "SM_VLLM_ENABLE_PREFIX_CACHING": "false"}}
+HF_ENDPOINT = {"instance_type": "ml.g6e.12xlarge", "instances_min": 1, "instances_max": 3, "copies_min": 2,
+               "copies_max": 3, "scale_in_strategy": "CONSOLIDATION", "scale_in_cooldown_minutes": 20}
+S3_MODEL = {"framework": "djl-lmi", "image_repository": "djl-inference", "image_tag": "0.33.0-lmi15.0.0-cu128",
+            "model_id": None, "model_s3_uri": "s3://my-weights/llama/8b/"}
+S3_ENDPOINT = {"instance_type": "ml.g6e.xlarge", "instances_min": 0, "instances_max": 2, "copies_min": 0,
+               "copies_max": 2}
+
+
+def _endpoint(model, endpoint, routing, metrics=None):
+    """(the construct, {logical id: resource}) of an InferenceEndpoint in a stack of its own."""
+    sections = {"model": model, "endpoint": endpoint, "routing": routing}
+    if metrics:
+        sections["metrics"] = metrics
+    config = parse_stage({**{k: v for k, v in DEFAULT_STAGE_DATA.items() if k not in sections}, **sections},
+                         source="test")
+    stack = Stack(App(), "Endpoint")
+    built = InferenceEndpoint(stack, "I", endpoint_name=EP, component_name=IC, model=config.model,
+                              endpoint=config.endpoint, routing=config.routing, metrics=config.metrics)
+    return built, Template.from_stack(stack).to_json()["Resources"]
+
+
+def _by_type(resources) -> dict:
+    """{type without AWS::: (logical id, resource)}, one resource per type."""
+    found = {}
+    for logical, resource in resources.items():
+        kind = resource["Type"].removeprefix("AWS::")
+        assert kind not in found, kind
+        found[kind] = (logical, resource)
+    return found
+
+
+def test_an_hf_model_serves_prefix_aware_from_the_regional_dlc_image():
+    built, resources = _endpoint(HF_MODEL, HF_ENDPOINT,
+                                 {"strategy": "PREFIX_AWARE", "prefix_length": 8192, "concurrency_threshold": 12},
+                                 {"publish_frequency_s": 30, "detailed_observability": True})
+    kinds = _by_type(resources)
+    assert sorted(kinds) == ["IAM::Policy", "IAM::Role", "KMS::Key", "SageMaker::Endpoint",
+                             "SageMaker::EndpointConfig", "SageMaker::InferenceComponent", "SageMaker::Model"]
+    # A new logical id replaces the resource: the endpoint and the component have fixed names, so a
+    # replacement would fail on the name.
+    ids = {kind: logical for kind, (logical, _) in kinds.items()}
+    for kind, name in {"KMS::Key": "VolumeKey", "IAM::Role": "ExecutionRole", "IAM::Policy": "ExecutionRoleDefaultPolicy",
+                       "SageMaker::Model": "Model", "SageMaker::EndpointConfig": "Config",
+                       "SageMaker::Endpoint": "Endpoint", "SageMaker::InferenceComponent": "Component"}.items():
+        assert re.fullmatch(f"I{name}[0-9A-F]{{8}}", ids[kind]), (kind, ids[kind])
+    role, policy, key = ids["IAM::Role"], ids["IAM::Policy"], ids["KMS::Key"]
+
+    model = kinds["SageMaker::Model"][1]
+    assert model["DependsOn"] == [policy]  # SageMaker checks the role's permissions on create
+    assert _text(model["Properties"]) == {
+        "ExecutionRoleArn": f"${{{role}.Arn}}",
+        "PrimaryContainer": {
+            "Image": "${DLC}.dkr.ecr.${AWS::Region}.${AWS::URLSuffix}/vllm:server-sagemaker-cuda-v2",
+            # The vLLM DLC turns SM_VLLM_<FLAG> into --<flag>; the stage's own environment wins.
+            "Environment": {"SM_VLLM_MODEL": "meta-llama/Llama-3.1-8B-Instruct", "SM_VLLM_TENSOR_PARALLEL_SIZE": "4",
+                            "SM_VLLM_ENABLE_PREFIX_CACHING": "false", "SM_VLLM_ENABLE_PROMPT_TOKENS_DETAILS": "true",
+                            "SM_VLLM_MAX_MODEL_LEN": "8192"}}}
+
+    endpoint_config = kinds["SageMaker::EndpointConfig"][1]
+    assert endpoint_config["DependsOn"] == [policy]
+    assert _text(endpoint_config["Properties"]) == {
+        "ExecutionRoleArn": f"${{{role}.Arn}}",
+        "KmsKeyId": f"${{{key}.Arn}}",
+        "MetricsConfig": {"EnableEnhancedMetrics": True, "MetricPublishFrequencyInSeconds": 30,
+                          "EnableDetailedObservability": True},
+        "ProductionVariants": [{
+            "VariantName": "AllTraffic", "InstanceType": "ml.g6e.12xlarge", "InitialInstanceCount": 1,
+            "ContainerStartupHealthCheckTimeoutInSeconds": 1200, "ModelDataDownloadTimeoutInSeconds": 1200,
+            "ManagedInstanceScaling": {"Status": "ENABLED", "MinInstanceCount": 1, "MaxInstanceCount": 3,
+                                       "ScaleInPolicy": {"Strategy": "CONSOLIDATION", "CooldownInMinutes": 20}},
+            "RoutingConfig": {"RoutingStrategy": "PREFIX_AWARE",
+                              "PrefixAwareRoutingConfig": {"PrefixLength": 8192, "ConcurrencyThreshold": 12}},
+        }]}
+
+    config_id, endpoint_id, model_id = ids["SageMaker::EndpointConfig"], ids["SageMaker::Endpoint"], ids["SageMaker::Model"]
+    assert _text(kinds["SageMaker::Endpoint"][1]["Properties"]) == {
+        "EndpointName": EP, "EndpointConfigName": f"${{{config_id}.EndpointConfigName}}"}
+    assert _text(kinds["SageMaker::InferenceComponent"][1]["Properties"]) == {
+        "InferenceComponentName": IC, "EndpointName": f"${{{endpoint_id}.EndpointName}}", "VariantName": "AllTraffic",
+        "Specification": {
+            "ModelName": f"${{{model_id}.ModelName}}",
+            "ComputeResourceRequirements": {"NumberOfAcceleratorDevicesRequired": 4, "MinMemoryRequiredInMb": 40960},
+            "StartupParameters": {"ContainerStartupHealthCheckTimeoutInSeconds": 1200,
+                                  "ModelDataDownloadTimeoutInSeconds": 1200}},
+        "RuntimeConfig": {"CopyCount": 2}}
+
+    key_props = kinds["KMS::Key"][1]["Properties"]
+    assert key_props["EnableKeyRotation"] is True and key_props["Description"] == f"Storage volumes of endpoint {EP}"
+
+    # What the front door and verify address: the endpoint's and the component's ARNs and log groups.
+    stack = Stack.of(built)
+    arn = "arn:${AWS::Partition}:sagemaker:${AWS::Region}:${AWS::AccountId}"
+    assert _text(stack.resolve(built.endpoint_arn)) == f"{arn}:endpoint/{EP}"
+    assert _text(stack.resolve(built.component_arn)) == f"{arn}:inference-component/{IC}"
+    assert (built.endpoint_name, built.component_name) == (EP, IC)
+    assert built.log_group_names == (f"/aws/sagemaker/Endpoints/{EP}", f"/aws/sagemaker/InferenceComponents/{IC}")
+    assert stack.get_logical_id(built.cfn_inference_component) == ids["SageMaker::InferenceComponent"]
+    assert stack.get_logical_id(built.role.node.default_child) == role
+
+
+def _statements(resources) -> list:
+    (policy,) = [r for r in resources.values() if r["Type"] == "AWS::IAM::Policy"]
+    return _text(policy["Properties"]["PolicyDocument"]["Statement"])
+
+
+def _logs(groups) -> list[str]:
+    arn = "arn:${AWS::Partition}:logs:${AWS::Region}:${AWS::AccountId}:log-group:"
+    return [f"{arn}{group}{suffix}" for group in groups for suffix in ("", ":*")]
+
+
+def test_the_execution_role_pulls_its_image_writes_its_logs_and_metrics_and_uses_its_key():
+    _, resources = _endpoint(HF_MODEL, HF_ENDPOINT,
+                             {"strategy": "PREFIX_AWARE", "prefix_length": 8192, "concurrency_threshold": 12})
+    (key,) = [logical for logical, r in resources.items() if r["Type"] == "AWS::KMS::Key"]
+    (role,) = [r for r in resources.values() if r["Type"] == "AWS::IAM::Role"]
+    assert role["Properties"]["AssumeRolePolicyDocument"]["Statement"] == [
+        {"Action": "sts:AssumeRole", "Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"}}]
+    assert _statements(resources) == [
+        {"Action": ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"],
+         "Effect": "Allow", "Resource": "arn:${AWS::Partition}:ecr:${AWS::Region}:${DLC}:repository/vllm"},
+        {"Action": "ecr:GetAuthorizationToken", "Effect": "Allow", "Resource": "*"},  # no resource-level permissions
+        {"Action": ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
+         "Effect": "Allow",
+         "Resource": _logs([f"/aws/sagemaker/Endpoints/{EP}", f"/aws/sagemaker/InferenceComponents/{IC}"])},
+        {"Action": "cloudwatch:PutMetricData", "Effect": "Allow", "Resource": "*",
+         "Condition": {"StringLike": {"cloudwatch:namespace": ["/aws/sagemaker/*"]}}},
+        # Explicit actions: no ReEncrypt* or GenerateDataKey* wildcards.
+        {"Action": ["kms:Encrypt", "kms:Decrypt", "kms:GenerateDataKey", "kms:GenerateDataKeyWithoutPlaintext",
+                    "kms:CreateGrant", "kms:DescribeKey"], "Effect": "Allow", "Resource": f"${{{key}.Arn}}"},
+    ]
+
+
+def test_weights_in_s3_are_read_from_their_prefix_only_and_lmi_serves_them_random():
+    # Scale to zero: the endpoint still starts with one instance and one copy (CloudFormation needs them).
+    _, resources = _endpoint(S3_MODEL, S3_ENDPOINT, {"strategy": "RANDOM", "prefix_length": None,
+                                                     "concurrency_threshold": None})
+    kinds = _by_type(resources)
+    assert _text(kinds["SageMaker::Model"][1]["Properties"]["PrimaryContainer"]) == {
+        "Image": "${DLC}.dkr.ecr.${AWS::Region}.${AWS::URLSuffix}/djl-inference:0.33.0-lmi15.0.0-cu128",
+        # LMI: no prompt-token details (a frontend flag it does not forward).
+        "Environment": {"HF_MODEL_ID": "/opt/ml/model", "OPTION_TENSOR_PARALLEL_DEGREE": "1",
+                        "OPTION_ENABLE_PREFIX_CACHING": "true"},
+        "ModelDataSource": {"S3DataSource": {"S3Uri": "s3://my-weights/llama/8b/", "S3DataType": "S3Prefix",
+                                             "CompressionType": "None"}}}
+    (variant,) = kinds["SageMaker::EndpointConfig"][1]["Properties"]["ProductionVariants"]
+    assert variant["RoutingConfig"] == {"RoutingStrategy": "RANDOM"}
+    assert variant["InitialInstanceCount"] == 1 and variant["ManagedInstanceScaling"]["MinInstanceCount"] == 0
+    assert variant["ManagedInstanceScaling"]["ScaleInPolicy"] == {"Strategy": "IDLE_RELEASE", "CooldownInMinutes": 15}
+    assert kinds["SageMaker::InferenceComponent"][1]["Properties"]["RuntimeConfig"] == {"CopyCount": 1}
+    statements = _statements(resources)
+    assert statements[0]["Resource"] == "arn:${AWS::Partition}:ecr:${AWS::Region}:${DLC}:repository/djl-inference"
+    assert statements[2:4] == [
+        {"Action": "s3:GetObject", "Effect": "Allow", "Resource": "arn:${AWS::Partition}:s3:::my-weights/llama/8b/*"},
+        {"Action": "s3:ListBucket", "Effect": "Allow", "Resource": "arn:${AWS::Partition}:s3:::my-weights",
+         "Condition": {"StringLike": {"s3:prefix": ["llama/8b/*"]}}},
+    ]
+    assert len(statements) == 7  # and otherwise those of an HF model's role
+
+
+def test_container_environment_turns_on_prefix_caching_per_framework():
+    # Pure function: the model id when there is one, else where SageMaker puts ModelDataSource content.
+    vllm = parse_stage({**DEFAULT_STAGE_DATA, "model": {**DEFAULT_STAGE_DATA["model"], "tensor_parallel_degree": 1}},
+                       source="test").model
+    assert container_environment(vllm) == {
+        "SM_VLLM_MODEL": DEFAULT_STAGE_DATA["model"]["model_id"], "SM_VLLM_TENSOR_PARALLEL_SIZE": "1",
+        "SM_VLLM_ENABLE_PREFIX_CACHING": "true", "SM_VLLM_ENABLE_PROMPT_TOKENS_DETAILS": "true"}
