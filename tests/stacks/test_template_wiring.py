@@ -1,5 +1,5 @@
-"""Alarm thresholds and wiring, copy autoscaling, the metric factory, the limits' table and the inference
-endpoint, each in one small stack.
+"""Alarm thresholds and wiring, copy autoscaling, the metric factory, the limits' table, the inference
+endpoint and the request log's insights, each in one small stack.
 
 The whole-stage synths (test_alarms.py, test_copy_autoscaling.py) take half a minute each; these
 build only the construct under test (about 0.2 s once jsii is up), so that ``make mutants`` can run
@@ -11,19 +11,22 @@ missing data not breaching, ALARM and OK to the topic.
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
-from aws_cdk import App, Stack, aws_sns as sns
+from aws_cdk import App, Stack, aws_logs as logs, aws_sns as sns
 from aws_cdk.assertions import Template
 
 from prefix_routing.rules import telemetry
+from prefix_routing.rules.telemetry import REQUEST_LOG_MESSAGE, LimitLogField, LogField
 from prefix_routing.stage.config import (DEFAULT_STAGE_DATA, AlarmSettings, EndpointSettings, RoutingSettings,
                                          ScalingSettings, parse_stage)
 from stacks.constructs.alarms import RoutingAlarms
 from stacks.constructs.copy_autoscaling import CopyAutoscaling
 from stacks.constructs.inference_endpoint import InferenceEndpoint, container_environment
 from stacks.constructs.limits_table import TenantLimitsTable
+from stacks.constructs.log_insights import RequestLogInsights, top_prefixes_query
 from stacks.metrics import NormalizerMetrics, SageMakerMetrics
 
 IC, EP = "ic-test", "ep-test"
@@ -629,3 +632,83 @@ def test_container_environment_turns_on_prefix_caching_per_framework():
     assert container_environment(vllm) == {
         "SM_VLLM_MODEL": DEFAULT_STAGE_DATA["model"]["model_id"], "SM_VLLM_TENSOR_PARALLEL_SIZE": "1",
         "SM_VLLM_ENABLE_PREFIX_CACHING": "true", "SM_VLLM_ENABLE_PROMPT_TOKENS_DETAILS": "true"}
+
+
+# ------------------------------------------------------------------------------------ the request log's insights
+
+def _insights(**flags):
+    """({kind: {logical id: properties}}, the log group's logical id) of RequestLogInsights in a stack."""
+    stack = Stack(App(), "Insights")
+    group = logs.LogGroup(stack, "G")
+    built = RequestLogInsights(stack, "R", log_group=group, name_prefix=EP, **flags)
+    found = {}
+    for logical, resource in Template.from_stack(stack).to_json()["Resources"].items():
+        found.setdefault(resource["Type"].removeprefix("AWS::"), {})[logical] = resource["Properties"]
+    return built, found, stack.get_logical_id(group.node.default_child)
+
+
+# docs/operations.md: saved queries <endpoint>/prefix-reuse-share and <endpoint>/top-prefixes, Contributor
+# Insights rules <endpoint>-top-prefixes and -top-tenants (and, with limits, -top-throttled-tenants), over
+# the request lines only (message = REQUEST_LOG_MESSAGE), with telemetry's field names.
+REQUEST_LINES = f"filter {LogField.MESSAGE} = '{REQUEST_LOG_MESSAGE}'"
+
+
+def test_the_saved_queries_measure_prefix_reuse_and_rank_the_top_prefixes():
+    _, found, group = _insights()
+    by_name = {props["Name"]: (logical, props) for logical, props in found["Logs::QueryDefinition"].items()}
+    assert sorted(by_name) == [f"{EP}/prefix-reuse-share", f"{EP}/top-prefixes"]
+    reuse_id, reuse = by_name[f"{EP}/prefix-reuse-share"]
+    top_id, top = by_name[f"{EP}/top-prefixes"]
+    assert re.fullmatch("RPrefixReuse[0-9A-F]{8}", reuse_id) and re.fullmatch("RTopPrefixes[0-9A-F]{8}", top_id)
+    assert reuse["LogGroupNames"] == top["LogGroupNames"] == [{"Ref": group}]
+    fingerprint = LogField.PREFIX_FINGERPRINT
+    # Every request beyond a fingerprint's first reuses it: fingerprints A, A, A, B give (4 - 2) × 100 / 4 = 50 %.
+    assert reuse["QueryString"].split("\n| ") == [
+        REQUEST_LINES, f"filter ispresent({fingerprint})", f"stats count(*) as requests by {fingerprint}",
+        "stats sum(requests) as total, count(*) as prefixes, (sum(requests) - count(*)) * 100 / sum(requests) "
+        "as reuse_percent"]
+    assert top["QueryString"].split("\n| ") == [
+        REQUEST_LINES,
+        f"stats count(*) as requests, avg({LogField.TTFT_MS}) as ttft_ms, sum({LogField.CACHED_TOKENS}) / "
+        f"sum({LogField.PROMPT_TOKENS}) as hit_rate by {fingerprint}",
+        "sort requests desc", "limit 20"]
+    assert top_prefixes_query(5).to_string().endswith("\n| limit 5")
+
+
+def _rule(props, group) -> dict:
+    body = _text(props["RuleBody"]).replace("${%s}" % group, "<group>")
+    return {"Name": props["RuleName"], "State": props["RuleState"], "Body": json.loads(body)}
+
+
+def _contributors(key, *extra) -> dict:
+    return {"Schema": {"Name": "CloudWatchLogRule", "Version": 1}, "LogGroupNames": ["<group>"], "LogFormat": "JSON",
+            "Contribution": {"Keys": [f"$.{key}"],
+                             "Filters": [{"Match": f"$.{LogField.MESSAGE}", "In": [REQUEST_LOG_MESSAGE]}, *extra]},
+            "AggregateOn": "Count"}
+
+
+def test_contributor_insights_rank_fingerprints_and_tenants_and_with_limits_the_throttled_ones():
+    built, found, group = _insights(limits_enabled=True)
+    rules = {logical: _rule(props, group) for logical, props in found["CloudWatch::InsightRule"].items()}
+    by_id = {re.fullmatch("R(\\w+Rule)[0-9A-F]{8}", logical).group(1): rule for logical, rule in rules.items()}
+    throttled = {"Match": f"$.{LimitLogField.THROTTLED_BY}",
+                 "In": ["requests_per_minute", "tokens_per_minute", "concurrent_streams"]}
+    assert by_id == {
+        "TopPrefixesRule": {"Name": f"{EP}-top-prefixes", "State": "ENABLED",
+                            "Body": _contributors(LogField.PREFIX_FINGERPRINT)},
+        "TopTenantsRule": {"Name": f"{EP}-top-tenants", "State": "ENABLED", "Body": _contributors(LogField.TENANT)},
+        "TopThrottledTenantsRule": {"Name": f"{EP}-top-throttled-tenants", "State": "ENABLED",
+                                    "Body": _contributors(LogField.TENANT, throttled)},
+    }
+    stack = Stack.of(built)
+    assert {stack.get_logical_id(rule) for rule in (built.cfn_top_prefixes_rule, built.cfn_top_tenants_rule,
+                                                     built.cfn_top_throttled_tenants_rule)} == set(rules)
+    assert {stack.get_logical_id(q.node.default_child) for q in (built.reuse_query, built.top_prefixes_query)} == set(
+        found["Logs::QueryDefinition"])
+
+
+def test_without_limits_there_is_no_throttled_tenants_rule():
+    built, found, group = _insights()
+    assert built.cfn_top_throttled_tenants_rule is None
+    assert sorted(_rule(p, group)["Name"] for p in found["CloudWatch::InsightRule"].values()) == [
+        f"{EP}-top-prefixes", f"{EP}-top-tenants"]
