@@ -677,6 +677,7 @@ def test_the_saved_queries_measure_prefix_reuse_and_rank_the_top_prefixes():
 
 def _rule(props, group) -> dict:
     body = _text(props["RuleBody"]).replace("${%s}" % group, "<group>")
+    assert " " not in body  # compact JSON: a rule's definition may hold at most 8192 characters
     return {"Name": props["RuleName"], "State": props["RuleState"], "Body": json.loads(body)}
 
 
