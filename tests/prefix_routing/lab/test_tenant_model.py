@@ -52,12 +52,15 @@ def test_a_ticket_holds_its_lease_minute_and_estimate():
     limits = model(requests_per_minute=10, tokens_per_minute=1000, concurrent_streams=3, origin_s=120.0)
     first = limits.admit("a", 5.0, 100)  # clock 125: minute 2; 100 tokens × 4 bytes ÷ 4 = 100
     second = limits.admit("a", 6.0, 30)
-    assert first == Ticket("a", 0, 2, 100, True)
-    assert second == Ticket("a", 1, 2, 30, True)  # lease ids are fresh per admission
+    assert (first.tenant, first.window, first.estimate, first.charges_tokens) == ("a", 2, 100, True)
+    assert (second.tenant, second.window, second.estimate, second.charges_tokens) == ("a", 2, 30, True)
+    assert first.lease is not None and second.lease is not None and first.lease != second.lease  # one lease each
 
 
 def test_a_streams_only_ticket_has_no_minute_and_charges_no_tokens():
-    assert model(concurrent_streams=2).admit("a", 0.0, 100) == Ticket("a", 0, None, 0, False)
+    ticket = model(concurrent_streams=2).admit("a", 0.0, 100)
+    assert (ticket.tenant, ticket.window, ticket.estimate, ticket.charges_tokens) == ("a", None, 0, False)
+    assert ticket.lease is not None
 
 
 def test_a_minute_only_ticket_has_no_lease():
@@ -100,6 +103,7 @@ def test_a_lease_is_held_until_exactly_lease_s():
     limits = model(concurrent_streams=1, lease_s=10)
     limits.admit("a", 0.0, 10)  # never ended: the lease expires at 10
     assert isinstance(limits.admit("a", 9.999, 10), Refusal)
+    assert limits.in_flight("a", 9.999) == 1 and limits.in_flight("a", 10.0) == 0
     assert isinstance(limits.admit("a", 10.0, 10), Ticket)
 
 
@@ -365,3 +369,79 @@ def test_closed_loop_gives_up_a_request_no_retry_admits_and_goes_on():
     assert list(sim.prompts) == [20, 30]
     assert book.dropped == {0: 1} and book.waited_s == {} and book.throttled == {(0, "tokens_per_minute"): 1}
     assert sim.arrivals[0] == 0.0  # the given-up request cost its client no wait
+
+
+def test_a_trace_run_under_limits_that_refuse_nothing_is_the_run_without_limits():
+    # the limited loops record what the simulator's own loops record, at any speed: the same trace gives
+    # the same figures (a bug recorded the scaled arrival, so that --speed 2 with limits inflated TTFT)
+    n = 40
+    trace = Trace([0.5 * i for i in range(n)], [500 + 37 * i for i in range(n)], [20 + i for i in range(n)],
+                  [[0, i % 5, 100 + i] for i in range(n)], tenants=[f"t{i % 3}" for i in range(n)])
+    never = LimitSettings(default=TenantLimits(requests_per_minute=10**9))
+    cfg = FleetConfig(instances=2, strategy=Strategy.PREFIX_AWARE)
+    for kwargs in ({"speed": 2.0}, {"speed": 0.5}, {"users": 3}):
+        plain, limited = Simulator(cfg, **kwargs), Simulator(cfg, limits=never, **kwargs)
+        plain.feed(trace)
+        limited.feed(trace)
+        for column in ("arrivals", "prompts", "outputs", "firsts", "cached", "copy_of", "ends"):
+            assert list(getattr(limited, column)) == list(getattr(plain, column)), (kwargs, column)
+        assert len(set(limited.copy_of)) == 2 and limited.last_finish == plain.last_finish == max(plain.ends)
+        assert limited.result().ttft == plain.result().ttft
+
+
+def test_a_failed_answer_keeps_its_estimate_a_served_one_counts_its_usage():
+    limits = LimitSettings(default=TenantLimits(tokens_per_minute=1000))
+    trace = Trace([0.0, 10.0], [400, 600], [500, 1], [[0], [1]], tenants=["a", "a"])
+    # every request times out (10 ms for a first token): the first's 400 estimated tokens stay, 600 more fit
+    failing = Simulator(FleetConfig(instances=1, strategy=Strategy.RANDOM, timeout_s=0.01), limits=limits)
+    failing.feed(trace)
+    assert list(failing.prompts) == [400, 600] and failing.fleet.timeouts == 2
+    # served: the first counts 400 + 500 by the second's arrival, and 900 + 600 > 1,000
+    served = Simulator(FleetConfig(instances=1, strategy=Strategy.RANDOM), limits=limits)
+    served.feed(trace)
+    assert served.ends[0] < 10.0  # the premise: the first answer ended before the second arrived
+    assert list(served.prompts) == [400]
+    assert served.tenant_book.throttled == {(0, "tokens_per_minute"): 1}
+
+
+def test_closed_loop_retries_the_same_request_and_counts_each_given_up_one():
+    # one user, one request per minute per tenant; a second feed's clients carry on from the first's
+    sim = Simulator(ONE_COPY, users=1, limits=LimitSettings(default=TenantLimits(requests_per_minute=1)))
+    sim.feed(Trace([0.0, 0.0], [10, 20], [1, 1], [[0], [1]], tenants=["a", "b"]))
+    sim.feed(Trace([0.0, 0.0], [30, 40], [1, 1], [[2], [3]], tenants=["b", "b"]))
+    # a's 10 and b's 20 within the first second; b's 30 (the second feed's request 0) is refused when
+    # the 20 ends, Retry-After ceil(60 - end) = 60 s, and sent again; the 40 likewise a minute later
+    assert list(sim.prompts) == [10, 20, 30, 40]
+    assert sim.ends[1] < 1.0 and 60.0 < sim.ends[2] < 61.0
+    assert list(sim.arrivals)[2:] == [sim.ends[1] + 60, sim.ends[2] + 60]
+    book = sim.tenant_book
+    assert book.waited_s[book.index("b")] == 120 and book.throttled_total == 2
+    given_up = Simulator(ONE_COPY, users=2, limits=LimitSettings(default=TenantLimits(tokens_per_minute=100)))
+    given_up.feed(Trace([0.0] * 3, [500, 600, 20], [1, 1, 1], [[0], [1], [2]], tenants=["a"] * 3))
+    assert given_up.tenant_book.dropped == {0: 2} and list(given_up.prompts) == [20]
+
+
+def test_closed_loop_refused_first_request_is_retried_not_skipped():
+    # two users, one stream: request 0 is admitted, request 1 refused and retried after 1 s
+    sim = Simulator(ONE_COPY, users=2, limits=LimitSettings(default=TenantLimits(concurrent_streams=1)))
+    sim.feed(Trace([0.0] * 3, [10, 20, 30], [1, 1, 1], [[0], [1], [2]], tenants=["a"] * 3))
+    assert sorted(sim.prompts) == [10, 20, 30] and sim.tenant_book.dropped == {}
+
+
+def test_the_limited_loop_returns_its_own_wall_time():
+    import time
+
+    sim = Simulator(ONE_COPY, limits=LimitSettings(default=TenantLimits(concurrent_streams=1)))
+    started = time.perf_counter()
+    wall = sim.feed(Trace([0.0, 1.0], [10, 10], [1, 1], [[0], [1]], tenants=["a", "a"]))
+    assert 0.0 <= wall <= time.perf_counter() - started and sim.wall_s == wall
+
+
+def test_a_limits_files_problems_are_listed_with_their_place(tmp_path):
+    path = tmp_path / "limits.toml"
+    path.write_text('concurrent_streams = 0\nrequests_per_minute = 0\n[tenants."x"]\ntokens_per_minute = 0\n')
+    with pytest.raises(UserError) as refused:
+        load_limits(path)
+    message = str(refused.value)
+    assert message.startswith(f"--limits {path}: limits.")
+    assert "; limits." in message and "limits.tenants.x.tokens_per_minute: " in message
