@@ -644,3 +644,55 @@ def test_the_items_numbers_are_read_leniently():
         "a": 5.5, "b": 0.0, "c": 0.0}  # unreadable leases count as expired
     assert _leases(None) == {} and _leases({"leases": {"M": None}}) == {} and _leases({}) == {}
     assert (_num(1.23456), _num(10), _num(1795999990.0)) == ("1.235", "10.0", "1795999990.0")
+
+
+def test_an_earlier_minute_counts_nothing_against_a_limit_of_one(stubbed):
+    store, stub = stubbed
+    one = TenantLimits(requests_per_minute=1, tokens_per_minute=100)
+    first = write("SET #t = :keep, win = :w, r = :one, tk = :est", "(attribute_not_exists(win) OR win < :w)",
+                  {"#t": "expires_at"}, {":keep": n("1796000640.0"), ":w": n("29933333"), ":one": n("1"),
+                                         ":est": n("100")})
+    failed(stub, first)  # lost a race ...
+    read(stub, attributes(win=WINDOW - 1, r=1, tk=100))  # ... but the item's counts are last minute's
+    stub.add_response("update_item", {"Attributes": attributes(win=WINDOW, r=1, tk=100)}, first)
+    assert store.admit("acme", one, None, 100, NOW, 10) == Counted(0, 1, 100)
+
+
+def test_a_lost_race_in_the_same_minute_with_room_adds_to_it(stubbed):
+    store, stub = stubbed
+    stub.add_response("update_item", {"Attributes": attributes(win=WINDOW, r=1, tk=100)}, FIRST_OF_MINUTE)
+    add = same_minute(100, **{":rl": n("5"), ":tl": n("900")})
+    failed(stub, add)  # another environment wrote between
+    read(stub, attributes(win=WINDOW, r=2, tk=200))  # still room: 2 of 5, 200 + 100 of 1,000
+    stub.add_response("update_item", {"Attributes": attributes(win=WINDOW, r=3, tk=300)}, add)
+    store.admit("acme", MINUTE, None, 100, NOW, 10)
+    assert store.admit("acme", MINUTE, None, 100, NOW, 10) == Counted(0, 3, 300)
+
+
+def test_an_answer_without_attributes_counts_nothing(stubbed):
+    store, stub = stubbed
+    stub.add_response("update_item", {}, LEASE_WRITE)
+    assert store.admit("acme", STREAMS_2, "L1", 100, NOW, 60) == Counted(0, 0, 0)
+
+
+def test_the_minutes_seen_are_forgotten_at_ten_thousand_tenants(stubbed):
+    store, stub = stubbed
+    stub.add_response("update_item", {"Attributes": attributes(win=WINDOW, r=1, tk=100)}, FIRST_OF_MINUTE)
+    store.admit("acme", MINUTE, None, 100, NOW, 10)  # acme's minute is known here: its next write adds
+    store._minute_seen.update({f"t{i}": WINDOW for i in range(9_999)})  # 10,000 tenants seen: the bound
+    other = {**FIRST_OF_MINUTE, "Key": {"pk": {"S": "tenant#new"}}}
+    stub.add_response("update_item", {"Attributes": attributes(win=WINDOW, r=1, tk=100)}, other)
+    store.admit("new", MINUTE, None, 100, NOW, 10)  # one more: what was seen is forgotten first
+    assert len(store._minute_seen) == 1
+    stub.add_response("update_item", {"Attributes": attributes(win=WINDOW, r=2, tk=200)}, FIRST_OF_MINUTE)
+    assert store.admit("acme", MINUTE, None, 100, NOW, 10) == Counted(0, 2, 200)  # starts the minute again
+
+
+def test_the_admissions_time_is_measured_around_the_store_call():
+    import time
+
+    for answer in (Counted(1, 0, 0), RuntimeError("down")):
+        limiter = gate(FakeStore(answer), concurrent_streams=1)
+        started = time.perf_counter()
+        admission = limiter.admit("acme", 100)
+        assert 0.0 <= admission.took_ms <= (time.perf_counter() - started) * 1000.0
