@@ -696,3 +696,43 @@ def test_the_admissions_time_is_measured_around_the_store_call():
         started = time.perf_counter()
         admission = limiter.admit("acme", 100)
         assert 0.0 <= admission.took_ms <= (time.perf_counter() - started) * 1000.0
+
+
+def test_a_created_item_is_kept_past_the_minutes_end_when_its_lease_ends_sooner(stubbed):
+    store, stub = stubbed
+    failed(stub, FIRST_OF_MINUTE)
+    read(stub, None)
+    item = created(False, 100)
+    item["Item"]["expires_at"] = n("1796000640.0")  # 1,796,000,040 (the minute's end) + 600; the lease: NOW + 10
+    stub.add_response("put_item", {}, item)
+    assert store.admit("acme", MINUTE, None, 100, NOW, 10) == Counted(0, 1, 100)
+
+
+class Ticks:
+    """A stand-in for time.perf_counter: 10 s, then 10.25 s."""
+
+    def __init__(self):
+        self.values = iter([10.0, 10.25])
+
+    def __call__(self):
+        return next(self.values)
+
+
+@pytest.mark.parametrize("answer", [Counted(1, 0, 0), RuntimeError("down")])
+def test_the_admissions_time_is_in_milliseconds(monkeypatch, answer):
+    import time
+
+    limiter = gate(FakeStore(answer), concurrent_streams=1)
+    monkeypatch.setattr(time, "perf_counter", Ticks())
+    admission = limiter.admit("acme", 100)
+    monkeypatch.undo()
+    assert admission.took_ms == 250.0
+
+
+def test_a_minute_refusal_carries_the_minutes_headers():
+    limiter = gate(FakeStore(Refused("requests_per_minute")), requests_per_minute=5, concurrent_streams=2)
+    with pytest.raises(Throttled) as refused:
+        limiter.admit("acme", 100)
+    assert refused.value.headers == {"x-ratelimit-limit-requests": "5", "x-ratelimit-remaining-requests": "0",
+                                     "x-ratelimit-reset-requests": "50s", "x-ratelimit-limit-streams": "2",
+                                     "x-ratelimit-remaining-streams": "0"}
