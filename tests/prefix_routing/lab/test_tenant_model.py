@@ -445,3 +445,15 @@ def test_a_limits_files_problems_are_listed_with_their_place(tmp_path):
     message = str(refused.value)
     assert message.startswith(f"--limits {path}: limits.")
     assert "; limits." in message and "limits.tenants.x.tokens_per_minute: " in message
+
+
+def test_closed_loop_retries_come_back_in_the_order_they_were_refused():
+    # three users, one request per minute: request 0 at 0; 1 and 2 refused at 0 (Retry-After 60 s), in
+    # that order; at 60 request 1 goes first and is admitted, request 2 is refused again until 120;
+    # request 3, sent when request 0 ended (e < 1 s), waits for each minute after it: admitted at e + 180
+    sim = Simulator(ONE_COPY, users=3, limits=LimitSettings(default=TenantLimits(requests_per_minute=1)))
+    sim.feed(Trace([0.0] * 4, [10, 20, 30, 40], [1] * 4, [[0], [1], [2], [3]], tenants=["a"] * 4))
+    e = sim.ends[0]
+    assert e < 1.0
+    assert list(sim.prompts) == [10, 20, 30, 40]
+    assert list(sim.arrivals) == [0.0, 60.0, 120.0, e + 180.0]

@@ -96,12 +96,14 @@ def test_enabled_when_the_defaults_or_any_override_limits():
 def test_patterns_are_shell_patterns_and_case_sensitive():
     settings = LimitSettings(tenants=(("team-?", TenantLimits(concurrent_streams=1)),
                                       ("[xy]*", TenantLimits(concurrent_streams=2)),
-                                      ("Batch", TenantLimits(concurrent_streams=3))))
+                                      ("Batch", TenantLimits(concurrent_streams=3)),
+                                      ("[mn]?*", TenantLimits(concurrent_streams=4))))
     assert settings.for_tenant("team-7") == ("team-?", TenantLimits(concurrent_streams=1))
     assert settings.for_tenant("team-77") == ("default", TenantLimits())
     assert settings.for_tenant("yak") == ("[xy]*", TenantLimits(concurrent_streams=2))
     assert settings.for_tenant("batch") == ("default", TenantLimits())  # "Batch" is an id, and case counts
     assert settings.for_tenant("Batch") == ("Batch", TenantLimits(concurrent_streams=3))
+    assert settings.for_tenant("m1xyz") == ("[mn]?*", TenantLimits(concurrent_streams=4))  # all three wildcards
 
 
 def test_the_environment_form_is_compact_sorted_json():
