@@ -736,3 +736,31 @@ def test_a_minute_refusal_carries_the_minutes_headers():
     assert refused.value.headers == {"x-ratelimit-limit-requests": "5", "x-ratelimit-remaining-requests": "0",
                                      "x-ratelimit-reset-requests": "50s", "x-ratelimit-limit-streams": "2",
                                      "x-ratelimit-remaining-streams": "0"}
+
+
+def test_a_refusal_remembers_the_minute_the_item_holds(stubbed):
+    store, stub = stubbed
+    limits = TenantLimits(requests_per_minute=5, concurrent_streams=1)
+
+    def lease_write(lease, first):
+        if first:
+            return write("SET #t = :keep, leases.#l = :e, win = :w, r = :one, tk = :est",
+                         "size(leases) < :streams AND (attribute_not_exists(win) OR win < :w)",
+                         {"#t": "expires_at", "#l": lease},
+                         {":keep": n("1796000650.0"), ":e": n("1796000050.0"), ":streams": n("1"),
+                          ":w": n("29933333"), ":one": n("1"), ":est": n("10")})
+        return write("SET #t = :keep, leases.#l = :e ADD r :one, tk :est",
+                     "size(leases) < :streams AND win = :w AND r < :rl", {"#t": "expires_at", "#l": lease},
+                     {":keep": n("1796000650.0"), ":e": n("1796000050.0"), ":streams": n("1"),
+                      ":w": n("29933333"), ":one": n("1"), ":est": n("10"), ":rl": n("5")})
+
+    stub.add_response("update_item", {"Attributes": attributes({"L1": "1796000050.0"}, WINDOW, 1, 10)},
+                      lease_write("L1", True))
+    assert store.admit("acme", limits, "L1", 10, NOW, 60) == Counted(1, 1, 10)  # this minute, seen here
+    failed(stub, lease_write("L2", False))
+    read(stub, attributes({"X": "1796000500.0"}, WINDOW - 1, 3, 30))  # the item: a live stream, last minute
+    assert store.admit("acme", limits, "L2", 10, NOW, 60) == Refused("concurrent_streams")
+    # what was seen is now the item's minute, an earlier one: the next write starts this minute
+    stub.add_response("update_item", {"Attributes": attributes({"L3": "1796000050.0"}, WINDOW, 1, 10)},
+                      lease_write("L3", True))
+    assert store.admit("acme", limits, "L3", 10, NOW, 60) == Counted(1, 1, 10)

@@ -128,8 +128,9 @@ def test_usage_replaces_the_estimate_in_its_own_minute_only():
     limits = model(tokens_per_minute=1000)
     ticket = limits.admit("a", 50.0, 500)  # minute 0: 500 estimated
     limits.end(ticket, 70.0, 900)  # ends in minute 1: minute 0's count no longer decides anything
-    assert isinstance(limits.admit("a", 61.0, 1000), Ticket)  # minute 1 holds 1,000 (estimate)
-    assert isinstance(limits.admit("a", 125.0, 1000), Ticket)  # after the end: minute 2 is fresh
+    assert isinstance(limits.admit("a", 61.0, 700), Ticket)  # minute 1 holds 700
+    assert isinstance(limits.admit("a", 80.0, 300), Ticket)  # after the end: still 700 (+ 300 = 1,000), not 1,100
+    assert isinstance(limits.admit("a", 125.0, 1000), Ticket)  # minute 2 is fresh
 
 
 def test_usage_is_counted_in_whole_tokens():
@@ -457,3 +458,9 @@ def test_closed_loop_retries_come_back_in_the_order_they_were_refused():
     assert e < 1.0
     assert list(sim.prompts) == [10, 20, 30, 40]
     assert list(sim.arrivals) == [0.0, 60.0, 120.0, e + 180.0]
+
+
+def test_the_dominant_tenant_by_tokens_is_the_one_with_the_most_tokens_not_the_last_name():
+    # requests 1 of 2 each; tokens: a 90 of 100
+    found = dominant_tenant(["a", "b"], [80, 10], [10, 0])
+    assert (found["tenant"], found["tokens_share"], found["requests_share"]) == ("a", 0.9, 0.5)
