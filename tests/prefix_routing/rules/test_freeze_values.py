@@ -39,3 +39,13 @@ def test_values_are_written_as_they_are_not_as_ascii_escapes():
     messages = parsed(result)["messages"]
     assert messages[0]["content"] == "User: ⟦user:1⟧."
     assert messages[1]["content"] == f'{FREEZE_HEADER}\n⟦user:1⟧ = "Zoë"'
+
+
+def test_an_empty_match_in_context_is_left_alone():
+    # the pattern cannot match an empty text on its own (so the settings take it), but after "User: " it
+    # can: an empty value gets no placeholder
+    settings = NormalizerSettings(freeze_rules=(FreezeRule("user", r"(?<=User: )\w*"),))
+    result = norm(chat(system("User: . User: Ann."), user("x")), settings)
+    messages = parsed(result)["messages"]
+    assert messages[0]["content"] == "User: . User: ⟦user:1⟧."
+    assert messages[1]["content"] == f'{FREEZE_HEADER}\n⟦user:1⟧ = "Ann"'
