@@ -75,8 +75,9 @@ def feed_limited(sim, trace: Trace, keys: list, bar=None) -> float:
     place, advance = fleet._place, fleet.advance
     started = time.perf_counter()
 
-    def attempt(i: int, now: float):
-        """Admit and place request i at ``now``: its finish, or the refusal."""
+    def attempt(i: int, now: float, arrival: float):
+        """Admit and place request i at ``now``: its finish, or the refusal. ``arrival`` is recorded as
+        the simulator's loops record it: the trace's time (``_result`` scales it by 1/speed)."""
         t = tenants[i]
         decision = model.admit(names[t], now, prompts[i])
         if decision.__class__ is Refusal:
@@ -86,7 +87,7 @@ def feed_limited(sim, trace: Trace, keys: list, bar=None) -> float:
         r = place(keys[i], blocks[i], prompts[i], outputs[i], now)
         served = r[2] != math.inf
         model.end(decision, r[4], prompts[i] + outputs[i] if served else None)  # a failed answer reports no usage
-        for column, value in zip(rec, (now, prompts[i], outputs[i], r[2], r[1], r[0], r[4], t)):
+        for column, value in zip(rec, (arrival, prompts[i], outputs[i], r[2], r[1], r[0], r[4], t)):
             column.append(value)
         if r[4] > sim.last_finish:
             sim.last_finish = r[4]
@@ -99,7 +100,7 @@ def feed_limited(sim, trace: Trace, keys: list, bar=None) -> float:
         inv = sim.inv
         for i, a in enumerate(trace.arrivals):
             book.sent[tenants[i]] += 1
-            if attempt(i, a * inv).__class__ is Refusal:
+            if attempt(i, a * inv, a).__class__ is Refusal:
                 book.dropped[tenants[i]] += 1
             if bar is not None:
                 bar.update(1)
@@ -126,7 +127,7 @@ def _closed(sim, n: int, tenants: list[int], book: TenantBook, attempt, bar) -> 
             book.sent[tenants[i]] += 1
             if bar is not None:
                 bar.update(1)
-        outcome = attempt(i, now)
+        outcome = attempt(i, now, now)  # a closed loop runs at speed 1
         if outcome.__class__ is Refusal:
             if outcome.final:  # no retry admits it: the client gives up on it
                 book.dropped[tenants[i]] += 1
