@@ -11,6 +11,7 @@ import pytest
 from prefix_routing.lab.autoscaling import SCALE_IN_PERIODS, AutoscalingSettings, CopyPool
 from prefix_routing.lab.misses import MissLedger
 from prefix_routing.lab.overload import is_overloaded, prompts_beyond_context
+from prefix_routing.lab.routing import spill_copy
 from prefix_routing.rules.errors import UserError
 
 
@@ -269,3 +270,44 @@ def test_overloaded_is_any_timeout_or_half_the_requests_waiting():
 def test_a_prompt_of_a_slots_context_or_more_is_refused():
     assert prompts_beyond_context([100, 4095, 4096, 5000], 4096) == 2
     assert prompts_beyond_context([], 4096) == 0
+
+
+# ----------------------------------------------------------------------------- ConcurrencyThreshold's spill
+
+
+@pytest.mark.parametrize("out, home, copies, spill", [
+    # The home's instance first, even when another instance is idle; in order from the home copy:
+    ([3, 3, 1, 1, 0, 0, 0, 0], 1, 4, 2),  # 2 and 3 both at 1: 2 comes first after 1
+    ([1, 2, 3, 1, 0, 0, 0, 0], 2, 4, 3),  # from copy 2: 3, then 0 (also 1, not less), then 1
+    ([1, 3, 3, 3, 0, 0, 0, 0], 2, 4, 0),  # wraps round the instance to copy 0
+    ([2, 1, 3, 0, 0, 0, 0, 0], 0, 4, 3),  # the least loaded of the instance, not the first below
+])
+def test_a_busy_home_spills_to_its_own_instance_first(out, home, copies, spill):
+    assert spill_copy(out, home, 3, copies) == spill
+
+
+@pytest.mark.parametrize("out, home, spill", [
+    ([2, 2, 2, 2, 3, 3, 3, 3, 2, 2, 2, 2], 5, 8),  # the next instance's first copy on a tie
+    ([2, 1, 2, 2, 3, 3, 3, 3, 2, 2, 2, 2], 5, 1),  # the least loaded of the other instances
+    ([2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3], 9, 0),  # from the last instance, the next is the first
+    ([3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 2, 3], 1, 10),  # below the threshold anywhere
+])
+def test_a_full_instance_spills_to_the_next_instances(out, home, spill):
+    assert spill_copy(out, home, 3, 4) == spill
+
+
+@pytest.mark.parametrize("out, home, spill", [
+    ([5, 2, 2, 3], 1, 1),  # every copy at the threshold (2): the home keeps it on a tie
+    ([2, 9, 2, 9], 1, 2),  # else the least loaded, scanning from the home on
+    ([2, 9, 2, 9], 3, 0),
+    ([4, 4, 3, 2], 0, 3),
+])
+def test_when_every_copy_is_at_the_threshold_the_least_loaded_takes_it(out, home, spill):
+    assert spill_copy(out, home, 2, 2) == spill
+
+
+def test_one_copy_per_instance_spills_among_the_instances():
+    assert spill_copy([5, 1, 0], 0, 2, 1) == 2
+    assert spill_copy([5, 1, 1], 0, 2, 1) == 1
+    assert spill_copy([3, 3], 0, 3, 2) == 0  # at the threshold (not below): nowhere to spill
+    assert spill_copy([3, 2], 0, 3, 1) == 1
