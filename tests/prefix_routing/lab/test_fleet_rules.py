@@ -111,3 +111,15 @@ def test_kv_aware_waits_for_a_busy_cached_copy_only_while_it_is_cheaper():
     assert kv(em, [{1, 2}, set()], [0, 0], now=1000.0, start=1) == 0
     em.prefill_free[0] = 1000.0 + prefill * 2
     assert kv(em, [{1, 2}, set()], [0, 0], now=1000.0, start=1) == 1
+
+
+def test_two_identical_finishes_both_released_retire_nothing_more():
+    # Both time out at once (1 ms): two in-flight entries (0.001, copy 0), both clients go away.
+    fleet = one_copy(timeout_s=0.001)
+    a = fleet.submit(Request(4096, 10, list(range(8))), 0.0)
+    b = fleet.submit(Request(4096, 10, list(range(100, 108))), 0.0)
+    assert a.finish_s == b.finish_s and a.timed_out and b.timed_out
+    fleet.release(a)
+    fleet.release(b)
+    assert fleet.outstanding() == [0]
+    assert fleet.advance(1.0) == 0 and fleet.outstanding() == [0]
