@@ -163,6 +163,21 @@ def test_without_a_scale_out_every_hot_period_counts_after_scaling():
     assert pool.summary()["hotspot_seconds_after_scaling"] == 120.0
 
 
+def test_without_a_scale_out_the_first_one_second_period_counts_after_scaling_too():
+    # One-second periods: the first evaluation is at t = 1 s, hot (3 > 2 × 1), and no scale-out ever.
+    pool = CopyPool(AutoscalingSettings(target_per_copy=1.0, max_copies=1, initial_copies=1, period_s=1), 1)
+    pool.tick(1.0, [3])
+    assert pool.summary()["hotspot_seconds_after_scaling"] == 1.0
+
+
+def test_the_hotspot_threshold_is_the_factor_times_the_target():
+    pool = CopyPool(AutoscalingSettings(target_per_copy=4.0, hotspot_factor=3.0, max_copies=1), 1)
+    assert pool.summary()["hotspot_threshold"] == 12.0
+    ticks(pool, [1], [12])  # at the threshold: not above it
+    ticks(pool, [2], [13])
+    assert [h[-1] for h in pool.history] == [False, True]
+
+
 @pytest.mark.parametrize("kwargs", [
     dict(target_per_copy=1024), dict(min_copies=0, max_copies=1), dict(min_copies=3, max_copies=3),
     dict(min_copies=0, max_copies=2, initial_copies=0), dict(min_copies=2, max_copies=5, initial_copies=5),
