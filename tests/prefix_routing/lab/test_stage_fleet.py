@@ -67,7 +67,7 @@ def test_a_preset_of_the_same_gpu_is_rehomed_to_the_instance_type(instance, mode
     preset = preset_for(instance, model, tp)
     suffix = source.split("-", 1)[1]
     assert preset.name == f"{instance.removeprefix('ml.')}-{suffix} (from {source})"
-    assert preset.instance.name == instance and preset.replicas == replicas
+    assert preset.instance.name == instance and preset.replicas == replicas and type(preset.replicas) is int
     assert preset.model == PRESETS[source].model and preset.tp == tp
 
 
