@@ -77,3 +77,9 @@ def test_without_a_baseline_latency_the_ttft_gain_is_zero():
     v = routing_verdict(prefix_aware=result(0.30, 0.5), random=result(0.30, 0.0), reuse_share=0.1)
     assert v["ttft_p50_gain"] == 0.0
     assert "P50 TTFT 500 ms against 0 ms (" in v["text"]
+
+
+def test_points_a_hair_under_five_still_pay():
+    # The bar is 5 points less 1e-9 (float noise): 100 × 0.04999999999 = 4.999999999 points pays.
+    v = routing_verdict(prefix_aware=result(0.04999999999, 1.0), random=result(0.0, 1.0), reuse_share=0.5)
+    assert v["hit_rate_gain_points"] == 5.0 - 1e-9 and v["pays"] is True
