@@ -274,6 +274,39 @@ def test_a_rekeyed_miss_is_counted_whole_and_still_marks_the_blocks_seen():
     assert ledger.evicted == 200 and ledger.first_touch == 0
 
 
+def test_rekeyed_misses_add_up():
+    ledger = MissLedger()
+    ledger.book(["a"], 0, 0, 100, 40, 100, lambda g, rest: 0, rekeyed=True)
+    ledger.book(["b"], 0, 0, 100, 70, 100, lambda g, rest: 0, rekeyed=True)
+    assert ledger.rekeyed == 60 + 30
+
+
+def test_a_single_uncached_token_is_booked():
+    ledger = MissLedger()
+    ledger.book(["a"], 0, 0, 1, 0, 100, lambda g, rest: 0)  # a one-token prompt, new
+    assert ledger.first_touch == 1
+    ledger.book(["a"], 0, 0, 1, 0, 100, lambda g, rest: 0)  # seen, held nowhere: one token evicted
+    assert ledger.as_dict() == {"first_touch": 1, "rekeyed": 0, "routed_away": 0, "evicted": 1}
+
+
+def test_with_every_block_seen_nothing_is_a_first_touch_not_even_tokens_past_the_blocks():
+    # First touch is new blocks only: the 50 tokens past a's and b's 200 belong to no block, and with
+    # a and b seen (b cached nowhere) the whole 150-token miss is evicted.
+    ledger = MissLedger()
+    ledger.book(["a", "b"], 0, 0, 200, 0, 100, lambda g, rest: 0)
+    ledger.book(["a", "b"], 0, 1, 250, 100, 100, lambda g, rest: 0)
+    assert (ledger.first_touch, ledger.evicted) == (200, 150)
+
+
+def test_a_new_partial_block_counts_the_tokens_it_holds_even_under_one():
+    # Blocks of 2.4 tokens, a 5-token prompt in 3 blocks: a and b seen (4.8 tokens), c new with 0.2.
+    # Only a is cached: of the 2.6 uncached tokens, 0.2 are a first touch and b's 2.4 evicted.
+    ledger = MissLedger()
+    ledger.book(["a", "b"], 0, 0, 4.8, 0, 2.4, lambda g, rest: 0)
+    ledger.book(["a", "b", "c"], 0, 1, 5, 2.4, 2.4, lambda g, rest: 0)
+    assert ledger.first_touch == pytest.approx(4.8 + 0.2) and ledger.evicted == pytest.approx(2.4)
+
+
 # ----------------------------------------------------------------------------- overload and context
 
 
