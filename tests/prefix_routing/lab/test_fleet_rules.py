@@ -123,3 +123,46 @@ def test_two_identical_finishes_both_released_retire_nothing_more():
     fleet.release(b)
     assert fleet.outstanding() == [0]
     assert fleet.advance(1.0) == 0 and fleet.outstanding() == [0]
+
+
+# ----------------------------------------------------------------------------- the engine's slots, by hand
+# A toy engine whose times are exact in binary: a step of 1 s plus 0.5 s per running sequence, no cost
+# per token; a prefill of up to 1,000 tokens is one step with the batch running beside it, a decode
+# step 1 + 0.5 × (batch + 1) s; no request overhead. The clock starts at 1,000 s (so that times are
+# far from the token counts).
+
+
+def toy(max_num_seqs: int, *, timeout_s: float = math.inf) -> EngineModel:
+    latency = LatencyModel(prefill_s_per_token=0.0, attention_s_per_token_pair=0.0, step_base_s=1.0,
+                           step_s_per_context_token=0.0, step_s_per_sequence=0.5, chunk_tokens=1000,
+                           max_num_seqs=max_num_seqs)
+    return EngineModel(1, latency, budget=math.inf, overhead_s=0.0, timeout_s=timeout_s)
+
+
+T0 = 1000.0
+
+
+def test_a_request_ending_as_another_arrives_frees_its_slot():
+    em = toy(2)
+    # A alone: prefill 1000..1001, 2 decode steps of 1.5 s: done at 1004.
+    assert em.schedule(0, 100, 0, 3, T0) == (T0, T0 + 1, 1.5, T0 + 4)
+    # B at 1004 finds A done: alone again (a step of 1 s, decode steps of 1.5 s).
+    assert em.schedule(0, 100, 0, 3, T0 + 4) == (T0 + 4, T0 + 5, 1.5, T0 + 8)
+
+
+def test_a_request_waits_for_a_slot_and_takes_every_slot_freed_then():
+    em = toy(2)
+    # A: prefill 1000..1001 alone, decode 1.5 s a step: 1001 + 5 × 1.5 = 1008.5.
+    assert em.schedule(0, 100, 0, 6, T0) == (T0, T0 + 1, 1.5, T0 + 8.5)
+    # B: its prefill waits for A's (1001), runs beside A (1.5 s): 1002.5; decode 2 s a step: 1008.5.
+    assert em.schedule(0, 100, 0, 4, T0) == (T0, T0 + 2.5, 2.0, T0 + 8.5)
+    # C: both slots taken until 1008.5, when both free: it runs alone from then.
+    assert em.schedule(0, 100, 0, 3, T0) == (T0 + 8.5, T0 + 9.5, 1.5, T0 + 12.5)
+
+
+def test_a_request_that_would_time_out_leaves_the_slots_it_waited_for_taken():
+    em = toy(2, timeout_s=5.0)
+    em.schedule(0, 100, 0, 6, T0)
+    em.schedule(0, 100, 0, 4, T0)
+    assert em.schedule(0, 100, 0, 3, T0) is None  # its first token at 1009.5: 9.5 s > 5 s
+    assert em.schedule(0, 100, 0, 3, T0 + 8.5) == (T0 + 8.5, T0 + 9.5, 1.5, T0 + 12.5)
