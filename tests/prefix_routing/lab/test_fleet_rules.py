@@ -132,9 +132,9 @@ def test_two_identical_finishes_both_released_retire_nothing_more():
 # far from the token counts).
 
 
-def toy(max_num_seqs: int, *, timeout_s: float = math.inf) -> EngineModel:
+def toy(max_num_seqs: int, *, timeout_s: float = math.inf, per_context_token_s: float = 0.0) -> EngineModel:
     latency = LatencyModel(prefill_s_per_token=0.0, attention_s_per_token_pair=0.0, step_base_s=1.0,
-                           step_s_per_context_token=0.0, step_s_per_sequence=0.5, chunk_tokens=1000,
+                           step_s_per_context_token=per_context_token_s, step_s_per_sequence=0.5, chunk_tokens=1000,
                            max_num_seqs=max_num_seqs)
     return EngineModel(1, latency, budget=math.inf, overhead_s=0.0, timeout_s=timeout_s)
 
@@ -166,3 +166,14 @@ def test_a_request_that_would_time_out_leaves_the_slots_it_waited_for_taken():
     em.schedule(0, 100, 0, 4, T0)
     assert em.schedule(0, 100, 0, 3, T0) is None  # its first token at 1009.5: 9.5 s > 5 s
     assert em.schedule(0, 100, 0, 3, T0 + 8.5) == (T0 + 8.5, T0 + 9.5, 1.5, T0 + 12.5)
+
+
+def test_the_slots_freed_while_waiting_give_their_kv_tokens_back():
+    # As above, and a step costs 1/64 s per token the running requests reserve (prompt + output).
+    em = toy(2, per_context_token_s=1 / 64)
+    # A (60 + 4 = 64 tokens): prefill 1 s alone; decode 1 + 64/64 + 0.5 = 2.5 s a step: 1001 + 3 × 2.5.
+    assert em.schedule(0, 60, 0, 4, T0) == (T0, T0 + 1, 2.5, T0 + 8.5)
+    # B (126 + 2 = 128): prefill 1001..1003.5 beside A (1 + 64/64 + 0.5); decode 1 + 192/64 + 1 = 5 s.
+    assert em.schedule(0, 126, 0, 2, T0) == (T0, T0 + 3.5, 5.0, T0 + 8.5)
+    # C (62 + 2 = 64): both slots free at 1008.5 with their 192 tokens; C runs alone with its own 64.
+    assert em.schedule(0, 62, 0, 2, T0) == (T0 + 8.5, T0 + 9.5, 2.5, T0 + 12.0)

@@ -69,6 +69,18 @@ def test_a_scale_in_does_not_hold_the_next_scale_out():
     assert pool.provisioned() == [0, 1, 2] and pool.serving(960.0) == [0]
 
 
+def test_an_old_peak_never_scales_out_once_the_metric_wants_the_copies_there_are():
+    # Target 1, scale-out cooldown 300 s. Minute 1: 2 in flight, 1 -> 2 copies. Minute 2: 3 in flight,
+    # but within the cooldown. Then 2 in flight for 14 minutes: 2 copies are wanted, as there are; the
+    # peak of 3 in the last 15 periods only bounds a scale-in, it never adds a copy.
+    pool = CopyPool(AutoscalingSettings(target_per_copy=1.0, min_copies=1, max_copies=4, initial_copies=1,
+                                        scale_out_cooldown_s=300), 4)
+    ticks(pool, [1], [2, 0, 0, 0])
+    ticks(pool, [2], [3, 0, 0, 0])
+    ticks(pool, range(3, 17), [2, 0, 0, 0])
+    assert pool.events == [(60.0, 1, 2)]
+
+
 def test_the_scale_out_cooldown_is_inclusive():
     # Cooldown 120 s: after the scale-out at 60 s, the next one may come at 180 s, not later.
     settings = AutoscalingSettings(target_per_copy=1.0, max_copies=8, initial_copies=1, scale_out_cooldown_s=120)
@@ -196,6 +208,8 @@ def test_settings_at_their_bounds_are_accepted(kwargs):
     (dict(min_copies=1.0, max_copies=2), r"copies 1.0\.\.2"),
     (dict(min_copies=2, max_copies=4, initial_copies=1), r"initial_copies=1: must be within 2\.\.4"),
     (dict(min_copies=2, max_copies=4, initial_copies=5), r"initial_copies=5: must be within 2\.\.4"),
+    (dict(min_copies=0, max_copies=2, initial_copies=5), r"initial_copies=5: must be within 0\.\.2"),
+    (dict(min_copies=0, max_copies=1, initial_copies=2), r"initial_copies=2: must be within 0\.\.1"),
     (dict(scale_out_cooldown_s=-1), "scale_out_cooldown_s=-1: seconds from 0 to 86400"),
     (dict(scale_in_cooldown_s=86_401), "scale_in_cooldown_s=86401"),
     (dict(startup_s=-0.5), "startup_s=-0.5"),
@@ -272,6 +286,17 @@ def test_a_rekeyed_miss_is_counted_whole_and_still_marks_the_blocks_seen():
     assert ledger.as_dict() == {"first_touch": 0, "rekeyed": 150, "routed_away": 0, "evicted": 0}
     ledger.book(["a", "b"], 1, 0, 200, 0, 100, lambda g, rest: 0)
     assert ledger.evicted == 200 and ledger.first_touch == 0
+
+
+def test_a_rest_known_partly_now_and_partly_from_the_older_generation():
+    # Generation limit 2: a, b, c roll over into the older generation; then d is seen. The rest d, a, e
+    # (300 tokens, none cached): d seen now, a seen before, e new: 100 first-touch, 200 evicted.
+    ledger = MissLedger(limit=2)
+    ledger.book(["a", "b", "c"], 0, 0, 300, 0, 100, lambda g, rest: 0)
+    ledger.book(["d"], 0, 0, 100, 0, 100, lambda g, rest: 0)
+    assert ledger.older == {"a", "b", "c"} and ledger.seen == {"d"}
+    ledger.book(["d", "a", "e"], 0, 0, 300, 0, 100, lambda g, rest: 0)
+    assert (ledger.first_touch, ledger.evicted) == (300 + 100 + 100, 200)
 
 
 def test_rekeyed_misses_add_up():
