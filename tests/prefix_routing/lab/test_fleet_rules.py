@@ -177,3 +177,26 @@ def test_the_slots_freed_while_waiting_give_their_kv_tokens_back():
     assert em.schedule(0, 126, 0, 2, T0) == (T0, T0 + 3.5, 5.0, T0 + 8.5)
     # C (62 + 2 = 64): both slots free at 1008.5 with their 192 tokens; C runs alone with its own 64.
     assert em.schedule(0, 62, 0, 2, T0) == (T0 + 8.5, T0 + 9.5, 2.5, T0 + 12.0)
+
+
+# ----------------------------------------------------------------------------- placing on one copy
+
+
+def test_a_request_on_the_only_copy_or_chosen_by_kv_aware_is_never_spilled():
+    assert one_copy().submit(Request(1000, 10, [1, 2]), 0.0).spilled is False
+    kv_fleet = Fleet(FleetConfig(instances=2, copies=1, preset=P5_8B, strategy=Strategy.KV_AWARE))
+    assert kv_fleet.submit(Request(1000, 10, [1, 2]), 0.0).spilled is False and kv_fleet.spills == 0
+
+
+def test_one_copy_counts_a_request_in_flight_from_its_arrival():
+    # Arriving at 30 s and still running at 60 s: 1 in flight for half the first minute, 0.5.
+    fleet = one_copy(autoscaling=AutoscalingSettings(target_per_copy=4.0, min_copies=1, max_copies=1))
+    fleet.submit(Request(1000, 100_000, [1, 2]), 30.0)
+    fleet.advance(60.0)
+    assert fleet.pool.history[0][3] == pytest.approx(0.5)
+
+
+def test_one_copy_scaled_to_zero_serves_nothing():
+    fleet = one_copy(autoscaling=AutoscalingSettings(min_copies=0, max_copies=1, initial_copies=0))
+    p = fleet.submit(Request(1000, 10, [1, 2]), 0.0)
+    assert p.first_token_s == math.inf and fleet.no_capacity == 1 and fleet.outstanding() == [0]
