@@ -200,3 +200,22 @@ def test_one_copy_scaled_to_zero_serves_nothing():
     fleet = one_copy(autoscaling=AutoscalingSettings(min_copies=0, max_copies=1, initial_copies=0))
     p = fleet.submit(Request(1000, 10, [1, 2]), 0.0)
     assert p.first_token_s == math.inf and fleet.no_capacity == 1 and fleet.outstanding() == [0]
+    assert (p.instance, p.copy, p.cached_tokens, p.per_token_s, p.finish_s, p.spilled, p.timed_out) == (
+        0, 0, 0, 0.0, 0.0, False, True)
+    fleet.submit(Request(1000, 10, [1, 2]), 1.0)
+    assert fleet.no_capacity == 2 and fleet.pool.no_capacity == 2  # each request that found no copy
+
+
+def test_a_copys_counts_add_up_over_its_requests():
+    fleet = one_copy(timeout_s=0.001)
+    fleet.submit(Request(4096, 10, list(range(8))), 0.0)
+    fleet.submit(Request(4096, 10, list(range(100, 108))), 0.0)
+    assert fleet.copy_stats()[0].timeouts == 2
+    fleet = one_copy()
+    placed = []
+    for i in range(3):
+        fleet.advance(100.0 * i)
+        placed.append(fleet.submit(Request(3000, 10, [1, 2, 3, 4, 5, 6]), 100.0 * i))
+    stats = fleet.copy_stats()[0]
+    assert placed[1].cached_tokens > 0 and stats.cached_tokens == sum(p.cached_tokens for p in placed)
+    assert (stats.requests, stats.prompt_tokens) == (3, 9000)
