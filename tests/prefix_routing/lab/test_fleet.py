@@ -401,6 +401,8 @@ def test_replication_spreads_a_hot_prefix_over_its_replicas_and_keeps_a_cold_one
     # The first 31 requests build the evidence (shares count against at least 32 requests); then
     # replicas 1-3 take three requests in four.
     assert 100 <= replicated_fleet.replicated <= 150
+    # A replica's key is the front door's, not the client's: none of its misses is re-keyed.
+    assert replicated_fleet.misses.rekeyed == 0
     # A second, cold prefix among many others keeps its single home.
     cold = Fleet(cfg(instances=8, replication=HOT))
     mixed = [Request(prompt_tokens=2500, output_tokens=10, blocks=[100 + i % 50, 200 + i % 50, 10_000 + i])

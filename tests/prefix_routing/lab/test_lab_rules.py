@@ -11,6 +11,7 @@ import pytest
 from prefix_routing.lab.autoscaling import SCALE_IN_PERIODS, AutoscalingSettings, CopyPool
 from prefix_routing.lab.misses import MissLedger
 from prefix_routing.lab.overload import is_overloaded, prompts_beyond_context
+from prefix_routing.lab.routing import spill_copy
 from prefix_routing.rules.errors import UserError
 
 
@@ -66,6 +67,18 @@ def test_a_scale_in_does_not_hold_the_next_scale_out():
     ticks(pool, [16], [3, 0, 0, 0])
     assert pool.events == [(900.0, 4, 1), (960.0, 1, 3)]
     assert pool.provisioned() == [0, 1, 2] and pool.serving(960.0) == [0]
+
+
+def test_an_old_peak_never_scales_out_once_the_metric_wants_the_copies_there_are():
+    # Target 1, scale-out cooldown 300 s. Minute 1: 2 in flight, 1 -> 2 copies. Minute 2: 3 in flight,
+    # but within the cooldown. Then 2 in flight for 14 minutes: 2 copies are wanted, as there are; the
+    # peak of 3 in the last 15 periods only bounds a scale-in, it never adds a copy.
+    pool = CopyPool(AutoscalingSettings(target_per_copy=1.0, min_copies=1, max_copies=4, initial_copies=1,
+                                        scale_out_cooldown_s=300), 4)
+    ticks(pool, [1], [2, 0, 0, 0])
+    ticks(pool, [2], [3, 0, 0, 0])
+    ticks(pool, range(3, 17), [2, 0, 0, 0])
+    assert pool.events == [(60.0, 1, 2)]
 
 
 def test_the_scale_out_cooldown_is_inclusive():
@@ -162,6 +175,21 @@ def test_without_a_scale_out_every_hot_period_counts_after_scaling():
     assert pool.summary()["hotspot_seconds_after_scaling"] == 120.0
 
 
+def test_without_a_scale_out_the_first_one_second_period_counts_after_scaling_too():
+    # One-second periods: the first evaluation is at t = 1 s, hot (3 > 2 × 1), and no scale-out ever.
+    pool = CopyPool(AutoscalingSettings(target_per_copy=1.0, max_copies=1, initial_copies=1, period_s=1), 1)
+    pool.tick(1.0, [3])
+    assert pool.summary()["hotspot_seconds_after_scaling"] == 1.0
+
+
+def test_the_hotspot_threshold_is_the_factor_times_the_target():
+    pool = CopyPool(AutoscalingSettings(target_per_copy=4.0, hotspot_factor=3.0, max_copies=1), 1)
+    assert pool.summary()["hotspot_threshold"] == 12.0
+    ticks(pool, [1], [12])  # at the threshold: not above it
+    ticks(pool, [2], [13])
+    assert [h[-1] for h in pool.history] == [False, True]
+
+
 @pytest.mark.parametrize("kwargs", [
     dict(target_per_copy=1024), dict(min_copies=0, max_copies=1), dict(min_copies=3, max_copies=3),
     dict(min_copies=0, max_copies=2, initial_copies=0), dict(min_copies=2, max_copies=5, initial_copies=5),
@@ -180,6 +208,8 @@ def test_settings_at_their_bounds_are_accepted(kwargs):
     (dict(min_copies=1.0, max_copies=2), r"copies 1.0\.\.2"),
     (dict(min_copies=2, max_copies=4, initial_copies=1), r"initial_copies=1: must be within 2\.\.4"),
     (dict(min_copies=2, max_copies=4, initial_copies=5), r"initial_copies=5: must be within 2\.\.4"),
+    (dict(min_copies=0, max_copies=2, initial_copies=5), r"initial_copies=5: must be within 0\.\.2"),
+    (dict(min_copies=0, max_copies=1, initial_copies=2), r"initial_copies=2: must be within 0\.\.1"),
     (dict(scale_out_cooldown_s=-1), "scale_out_cooldown_s=-1: seconds from 0 to 86400"),
     (dict(scale_in_cooldown_s=86_401), "scale_in_cooldown_s=86401"),
     (dict(startup_s=-0.5), "startup_s=-0.5"),
@@ -258,6 +288,50 @@ def test_a_rekeyed_miss_is_counted_whole_and_still_marks_the_blocks_seen():
     assert ledger.evicted == 200 and ledger.first_touch == 0
 
 
+def test_a_rest_known_partly_now_and_partly_from_the_older_generation():
+    # Generation limit 2: a, b, c roll over into the older generation; then d is seen. The rest d, a, e
+    # (300 tokens, none cached): d seen now, a seen before, e new: 100 first-touch, 200 evicted.
+    ledger = MissLedger(limit=2)
+    ledger.book(["a", "b", "c"], 0, 0, 300, 0, 100, lambda g, rest: 0)
+    ledger.book(["d"], 0, 0, 100, 0, 100, lambda g, rest: 0)
+    assert ledger.older == {"a", "b", "c"} and ledger.seen == {"d"}
+    ledger.book(["d", "a", "e"], 0, 0, 300, 0, 100, lambda g, rest: 0)
+    assert (ledger.first_touch, ledger.evicted) == (300 + 100 + 100, 200)
+
+
+def test_rekeyed_misses_add_up():
+    ledger = MissLedger()
+    ledger.book(["a"], 0, 0, 100, 40, 100, lambda g, rest: 0, rekeyed=True)
+    ledger.book(["b"], 0, 0, 100, 70, 100, lambda g, rest: 0, rekeyed=True)
+    assert ledger.rekeyed == 60 + 30
+
+
+def test_a_single_uncached_token_is_booked():
+    ledger = MissLedger()
+    ledger.book(["a"], 0, 0, 1, 0, 100, lambda g, rest: 0)  # a one-token prompt, new
+    assert ledger.first_touch == 1
+    ledger.book(["a"], 0, 0, 1, 0, 100, lambda g, rest: 0)  # seen, held nowhere: one token evicted
+    assert ledger.as_dict() == {"first_touch": 1, "rekeyed": 0, "routed_away": 0, "evicted": 1}
+
+
+def test_with_every_block_seen_nothing_is_a_first_touch_not_even_tokens_past_the_blocks():
+    # First touch is new blocks only: the 50 tokens past a's and b's 200 belong to no block, and with
+    # a and b seen (b cached nowhere) the whole 150-token miss is evicted.
+    ledger = MissLedger()
+    ledger.book(["a", "b"], 0, 0, 200, 0, 100, lambda g, rest: 0)
+    ledger.book(["a", "b"], 0, 1, 250, 100, 100, lambda g, rest: 0)
+    assert (ledger.first_touch, ledger.evicted) == (200, 150)
+
+
+def test_a_new_partial_block_counts_the_tokens_it_holds_even_under_one():
+    # Blocks of 2.4 tokens, a 5-token prompt in 3 blocks: a and b seen (4.8 tokens), c new with 0.2.
+    # Only a is cached: of the 2.6 uncached tokens, 0.2 are a first touch and b's 2.4 evicted.
+    ledger = MissLedger()
+    ledger.book(["a", "b"], 0, 0, 4.8, 0, 2.4, lambda g, rest: 0)
+    ledger.book(["a", "b", "c"], 0, 1, 5, 2.4, 2.4, lambda g, rest: 0)
+    assert ledger.first_touch == pytest.approx(4.8 + 0.2) and ledger.evicted == pytest.approx(2.4)
+
+
 # ----------------------------------------------------------------------------- overload and context
 
 
@@ -269,3 +343,44 @@ def test_overloaded_is_any_timeout_or_half_the_requests_waiting():
 def test_a_prompt_of_a_slots_context_or_more_is_refused():
     assert prompts_beyond_context([100, 4095, 4096, 5000], 4096) == 2
     assert prompts_beyond_context([], 4096) == 0
+
+
+# ----------------------------------------------------------------------------- ConcurrencyThreshold's spill
+
+
+@pytest.mark.parametrize("out, home, copies, spill", [
+    # The home's instance first, even when another instance is idle; in order from the home copy:
+    ([3, 3, 1, 1, 0, 0, 0, 0], 1, 4, 2),  # 2 and 3 both at 1: 2 comes first after 1
+    ([1, 2, 3, 1, 0, 0, 0, 0], 2, 4, 3),  # from copy 2: 3, then 0 (also 1, not less), then 1
+    ([1, 3, 3, 3, 0, 0, 0, 0], 2, 4, 0),  # wraps round the instance to copy 0
+    ([2, 1, 3, 0, 0, 0, 0, 0], 0, 4, 3),  # the least loaded of the instance, not the first below
+])
+def test_a_busy_home_spills_to_its_own_instance_first(out, home, copies, spill):
+    assert spill_copy(out, home, 3, copies) == spill
+
+
+@pytest.mark.parametrize("out, home, spill", [
+    ([2, 2, 2, 2, 3, 3, 3, 3, 2, 2, 2, 2], 5, 8),  # the next instance's first copy on a tie
+    ([2, 1, 2, 2, 3, 3, 3, 3, 2, 2, 2, 2], 5, 1),  # the least loaded of the other instances
+    ([2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3], 9, 0),  # from the last instance, the next is the first
+    ([3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 2, 3], 1, 10),  # below the threshold anywhere
+])
+def test_a_full_instance_spills_to_the_next_instances(out, home, spill):
+    assert spill_copy(out, home, 3, 4) == spill
+
+
+@pytest.mark.parametrize("out, home, spill", [
+    ([5, 2, 2, 3], 1, 1),  # every copy at the threshold (2): the home keeps it on a tie
+    ([2, 9, 2, 9], 1, 2),  # else the least loaded, scanning from the home on
+    ([2, 9, 2, 9], 3, 0),
+    ([4, 4, 3, 2], 0, 3),
+])
+def test_when_every_copy_is_at_the_threshold_the_least_loaded_takes_it(out, home, spill):
+    assert spill_copy(out, home, 2, 2) == spill
+
+
+def test_one_copy_per_instance_spills_among_the_instances():
+    assert spill_copy([5, 1, 0], 0, 2, 1) == 2
+    assert spill_copy([5, 1, 1], 0, 2, 1) == 1
+    assert spill_copy([3, 3], 0, 3, 2) == 0  # at the threshold (not below): nowhere to spill
+    assert spill_copy([3, 2], 0, 3, 1) == 1

@@ -246,3 +246,61 @@ def test_occupy_needs_a_lookup_on_that_copy():
     cache.lookup(0, A, 8, 1, 0.0)
     with pytest.raises(RuntimeError, match=r"^occupy\(1\) without a lookup on that copy$"):
         cache.occupy(1, 1.0)
+
+
+def test_a_new_state_evicts_the_oldest_ones_until_it_fits_even_the_one_asked_for():
+    # 10 MiB at 1 MiB per token: states s1, s2, s3 of 3 tokens (9 MiB), the slot holds X (5 tokens).
+    # s2 comes back: X is saved first, which takes evicting s1 (9 + 5 > 10) and s2 (6 + 5 > 10),
+    # then the states are looked at: s2 is gone, nothing is cached.
+    cache = slots(1, ram=10, bytes_per_token=MIB)
+    s1, s2, s3, x = unrelated(100, 3), unrelated(200, 3), unrelated(300, 3), unrelated(400, 5)
+    for i, seq in enumerate((s1, s2, s3, x)):
+        serve(cache, seq, 2.0 * i)
+    assert [s[0] for s in cache.states[0]] == [s1, s2, s3]
+    assert serve(cache, s2, 8.0) == (0, 0)
+    assert [s[0] for s in cache.states[0]] == [s3, x]
+
+
+def test_a_state_must_beat_the_slots_f_keep_over_its_prompt_not_its_generated_tokens():
+    # The slot holds A (8 prompt tokens, 16 held). R shares 2 with A: 2/8 = 0.25 similar (chosen),
+    # f_keep 2/8 = 0.25 < 0.5 (A is saved, the states are looked at). S (16 tokens) shares 4 with R:
+    # it keeps 4/16 = 0.25 of itself, not more than the slot's 2/8 = 0.25 (2/16 over A's held tokens
+    # would be beaten): S is not loaded, R gets A's 2 tokens.
+    s = (1, 2, 100, 101) + unrelated(200, 12)
+    a = (1, 2) + unrelated(300, 6)
+    r = (1, 2, 100, 101) + unrelated(500, 4)
+    cache = slots(1, ram=-1)
+    serve(cache, s, 0.0)
+    assert serve(cache, a, 2.0, output=9) == (2, 0)
+    assert cache.seqs[0][0] == (a, 8, 16)
+    assert serve(cache, r, 4.0) == (2, 0)
+    assert [seq[0] for seq in cache.states[0]] == [s, a]
+
+
+@pytest.mark.parametrize("prompt, output, held", [(7, 1, 7), (7, 3, 7), (6, 3, 7), (5, 3, 7), (4, 3, 6)])
+def test_generation_stops_one_token_short_of_the_slots_context(prompt, output, held):
+    cache = SlotCache(1, slots=2, context_tokens=16, block_tokens=1, cache_ram_mib=0)  # 8 tokens a slot
+    cache.lookup(0, unrelated(100, prompt), prompt, output, 0.0)
+    cache.occupy(0, 1.0)
+    assert cache.seqs[0][1] == (unrelated(100, prompt), prompt, held)
+
+
+def test_a_fractional_slot_context_caps_at_itself_less_one():
+    # -c 9 over 2 slots: 4.5 tokens a slot, generation stops at 3.5.
+    cache = SlotCache(1, slots=2, context_tokens=9, block_tokens=1, cache_ram_mib=0)
+    cache.lookup(0, (1, 2), 2, 2, 0.0)  # 2 + 2 - 1 = 3 held: under 3.5
+    cache.occupy(0, 1.0)
+    assert cache.seqs[0][1] == ((1, 2), 2, 3)
+    cache.lookup(0, (5, 6, 7), 3, 2, 2.0)  # 4 held: capped at 3.5
+    cache.occupy(0, 3.0)
+    assert cache.seqs[0][0] == ((5, 6, 7), 3, 3.5)
+
+
+def test_below_a_byte_per_token_the_token_limit_is_the_bytes():
+    # llama.cpp's update(): max(n_ctx, bytes ÷ max(1, bytes per token)) tokens. 16 bytes at half a
+    # byte per token, n_ctx 4: 16 tokens of states (not 8, 16 × 0.5): four states of 3 tokens stay.
+    cache = slots(1, ram=16 / MIB, bytes_per_token=0.5, context=4)
+    convs = [unrelated(100 * k, 3) for k in range(1, 6)]
+    for i, seq in enumerate(convs):
+        serve(cache, seq, 2.0 * i)
+    assert [s[0] for s in cache.states[0]] == convs[:4]

@@ -44,3 +44,42 @@ def test_a_small_gain_does_not_pay_even_with_much_reuse():
 )
 def test_the_bar_is_five_points_or_a_fifth_of_p50(prefix_aware, random, pays):
     assert routing_verdict(prefix_aware=prefix_aware, random=random, reuse_share=0.5)["pays"] is pays
+
+
+def test_the_whole_text_of_a_verdict_that_does_not_pay():
+    # +3.0 points, P50 1,500 ms against 1,600 ms: 1 - 1500/1600 = 6.25 % lower, shown as -6%.
+    v = routing_verdict(prefix_aware=result(0.33, 1.5), random=result(0.30, 1.6), reuse_share=0.25)
+    assert v["text"] == (
+        "prefix-aware routing does not pay here: PREFIX_AWARE caches 33.0% of prompt tokens against RANDOM's "
+        "30.0% (+3.0 points), P50 TTFT 1,500 ms against 1,600 ms (-6%); it pays from +5 points or a 20% lower "
+        "P50: RANDOM or LEAST_OUTSTANDING_REQUESTS will do as well"
+    )
+    # The rule of thumb agrees (not above 50 %, does not pay): nothing to add.
+    assert v["criterion"] == "the rule of thumb: 25.0% of requests reuse a prefix seen before (not above its 50%)"
+    assert v["reuse_share"] == 0.25
+
+
+def test_a_verdict_that_pays_with_the_rule_of_thumb_met_says_so_plainly():
+    v = routing_verdict(prefix_aware=result(0.60, 0.4), random=result(0.20, 0.5), reuse_share=0.8)
+    assert v["pays"] is True and v["reuse_criterion_met"] is True
+    assert v["text"] == ("prefix-aware routing pays here: PREFIX_AWARE caches 60.0% of prompt tokens against "
+                         "RANDOM's 20.0% (+40.0 points), P50 TTFT 400 ms against 500 ms (-20%)")
+    assert v["criterion"] == "the rule of thumb: 80.0% of requests reuse a prefix seen before (above its 50%)"
+
+
+def test_half_the_requests_reusing_a_prefix_is_not_above_the_rule_of_thumb():
+    v = routing_verdict(prefix_aware=result(0.30, 1.0), random=result(0.30, 1.0), reuse_share=0.5)
+    assert v["reuse_criterion_met"] is False and v["pays"] is False
+    assert v["ttft_p50_gain"] == 0.0 and v["hit_rate_gain_points"] == 0.0
+
+
+def test_without_a_baseline_latency_the_ttft_gain_is_zero():
+    v = routing_verdict(prefix_aware=result(0.30, 0.5), random=result(0.30, 0.0), reuse_share=0.1)
+    assert v["ttft_p50_gain"] == 0.0
+    assert "P50 TTFT 500 ms against 0 ms (" in v["text"]
+
+
+def test_points_a_hair_under_five_still_pay():
+    # The bar is 5 points less 1e-9 (float noise): 100 × 0.04999999999 = 4.999999999 points pays.
+    v = routing_verdict(prefix_aware=result(0.04999999999, 1.0), random=result(0.0, 1.0), reuse_share=0.5)
+    assert v["hit_rate_gain_points"] == 5.0 - 1e-9 and v["pays"] is True

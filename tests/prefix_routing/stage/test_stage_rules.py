@@ -159,3 +159,59 @@ def test_replication_and_other_routing_reach_the_environment():
     assert (env["REPLICATION_ENABLED"], env["REPLICATION_MAX_REPLICAS"], env["REPLICATION_TARGET_SHARE_FACTOR"],
             env["REPLICATION_HALF_LIFE_S"], env["REPLICATION_MIN_REQUESTS"]) == ("true", "8", "2.0", "120.0", "4.0")
     assert (env["ROUTING_STRATEGY"], env["PREFIX_LENGTH"]) == ("RANDOM", "0")  # no PrefixLength: 0
+
+
+def test_a_five_second_function_still_gives_requests_one_second():
+    # timeout_s may be 5 (its lower bound): 5 - 5 = 0 s would be no deadline at all, so 1 s.
+    for timeout_s in (5, 6):
+        env = front_door_environment(stage(normalizer={"timeout_s": timeout_s}))
+        assert (env["REQUEST_TIMEOUT_S"], env["UPSTREAM_READ_TIMEOUT_S"]) == ("1", "1")
+    env = front_door_environment(stage(normalizer={"timeout_s": 7}))
+    assert (env["REQUEST_TIMEOUT_S"], env["UPSTREAM_READ_TIMEOUT_S"]) == ("2", "2")
+
+
+def test_the_normalizers_own_settings_reach_the_environment_as_set():
+    env = front_door_environment(stage(normalizer={"tenancy": "header", "tenant_header": "x-team",
+                                                   "allow_direct_invoke": True, "block_bytes": 4096}))
+    assert (env["TENANCY"], env["TENANT_HEADER"], env["ALLOW_DIRECT_INVOKE"], env["BLOCK_BYTES"]) == (
+        "header", "x-team", "true", "4096")
+    env = front_door_environment(stage(normalizer={"tenancy": "none", "allow_direct_invoke": False}))
+    assert (env["TENANCY"], env["ALLOW_DIRECT_INVOKE"]) == ("none", "false")
+    env = function_environment(endpoint_name="ep-1", component_name="ic-1", routing=stage().routing,
+                               endpoint=stage(endpoint={"copies_min": 1, "copies_max": 3}).endpoint,
+                               normalizer=stage().normalizer)
+    assert (env["ENDPOINT_NAME"], env["INFERENCE_COMPONENT_NAME"], env["COPIES_MIN"], env["COPIES_MAX"]) == (
+        "ep-1", "ic-1", "1", "3")
+
+
+# The variables every stage sets (front_door_env.py); LIMITS only with a limit set.
+BASE_VARIABLES = {
+    "ENDPOINT_NAME", "INFERENCE_COMPONENT_NAME", "ROUTING_STRATEGY", "PREFIX_LENGTH", "BLOCK_BYTES", "TENANCY",
+    "TENANT_HEADER", "ALLOW_DIRECT_INVOKE", "REQUEST_TIMEOUT_S", "UPSTREAM_READ_TIMEOUT_S", "REPLICATION_ENABLED",
+    "REPLICATION_MAX_REPLICAS", "REPLICATION_TARGET_SHARE_FACTOR", "REPLICATION_HALF_LIFE_S",
+    "REPLICATION_MIN_REQUESTS", "COPIES_MIN", "COPIES_MAX",
+}
+
+
+def test_without_a_limit_there_is_no_limits_variable():
+    assert set(front_door_environment(stage())) == BASE_VARIABLES  # [limits] with every limit unset
+    normalizer = stage().normalizer
+    env = function_environment(endpoint_name="e", component_name="c", routing=stage().routing,
+                               endpoint=stage().endpoint, normalizer=normalizer)  # no limits at all
+    assert set(env) == BASE_VARIABLES
+
+
+def test_limits_reach_the_environment_with_a_lease_30_seconds_past_the_timeout():
+    config = stage(normalizer={"timeout_s": 120},
+                   limits={"requests_per_minute": 10, "tenants": {"team-*": {"concurrent_streams": 2}}})
+    env = front_door_environment(config)
+    assert set(env) == BASE_VARIABLES | {"LIMITS"}
+    assert json.loads(env["LIMITS"]) == {
+        "default": {"requests_per_minute": 10}, "tenants": [["team-*", {"concurrent_streams": 2}]],
+        "on_store_error": "open", "store_timeout_ms": 50, "lease_s": 150,
+    }
+
+
+def test_a_prefixs_problem_names_only_the_characters_s3_does_not_take():
+    # Upper case letters are safe key characters: only '*' is named.
+    assert stage_config._s3_uri_problem("s3://my-bucket/Models*/") == "prefix 'Models*/' has '*'"
