@@ -53,3 +53,31 @@ def test_a_component_the_endpoint_does_not_host_is_a_validation_error(two_domain
     with pytest.raises(client(server).exceptions.ValidationError, match="Inference Component nope-ic does not exist"):
         client(server).invoke_endpoint(EndpointName=config.endpoint_name, InferenceComponentName="nope-ic", Body=BODY,
                                        ContentType="application/json")
+
+
+def test_components_need_one_backend_and_close_every_one():
+    from prefix_routing.emulator.components import ComponentBackends
+
+    with pytest.raises(ValueError, match="at least one component"):
+        ComponentBackends({})
+    closed = []
+
+    class Closing:
+        def __init__(self, name):
+            self.name = name
+
+        def handle(self, request):
+            return None
+
+        def close(self):
+            closed.append(self.name)
+
+    class Silent:  # neither status nor close
+        def handle(self, request):
+            return None
+
+    backends = ComponentBackends({"a": Closing("a"), "b": Silent(), "c": Closing("c")})
+    assert backends.primary == "a"
+    backends.close()
+    assert closed == ["a", "c"]
+    assert backends.status() == {"components": {"a": {}, "b": {}, "c": {}}}

@@ -774,3 +774,68 @@ def test_a_refusal_remembers_the_minute_the_item_holds(stubbed):
     stub.add_response("update_item", {"Attributes": attributes({"L3": "1796000050.0"}, WINDOW, 1, 10)},
                       lease_write("L3", True))
     assert store.admit("acme", limits, "L3", 10, NOW, 60) == Counted(1, 1, 10)
+
+
+class _FailingStore:
+    """Admits nothing: each write fails with ``error``, which a real store may have applied all the same."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        self.released: list[tuple] = []
+
+    def admit(self, *args, **kwargs):
+        raise self.error
+
+    def finish(self, tenant, lease, window, tokens_delta):
+        self.released.append((tenant, lease, window, tokens_delta))
+
+
+def _read_timeout():
+    from botocore.exceptions import ReadTimeoutError
+    return ReadTimeoutError(endpoint_url="http://127.0.0.1:1")
+
+
+def _not_connected():
+    from botocore.exceptions import EndpointConnectionError
+    return EndpointConnectionError(endpoint_url="http://127.0.0.1:1")
+
+
+@pytest.mark.parametrize("on_store_error", ["open", "closed"])
+def test_a_lease_whose_write_timed_out_is_given_back_all_the_same(on_store_error):
+    # The write may have reached the table after the client gave up: left there, it would hold a slot
+    # until its lease expires.
+    store = _FailingStore(_read_timeout())
+    settings = LimitSettings(default=TenantLimits(concurrent_streams=2), on_store_error=on_store_error)
+    gate = Limiter(settings, store, clock=lambda: 1_795_999_990.0, new_lease=lambda: "lease-1")
+    if on_store_error == "open":
+        admission = gate.admit("acme", 10)
+        assert admission.store_error and store.released == []  # served; given back when the answer ends
+        gate.finish(admission, tokens_used=99)
+    else:
+        with pytest.raises(LimitsUnavailable):
+            gate.admit("acme", 10)
+    assert store.released == [("acme", "lease-1", None, None)]  # the lease only: no minute was counted
+
+
+def test_a_write_that_never_left_is_not_given_back():
+    store = _FailingStore(_not_connected())
+    gate = Limiter(LimitSettings(default=TenantLimits(concurrent_streams=2)), store, clock=lambda: 1_795_999_990.0,
+                   new_lease=lambda: "lease-1")
+    gate.finish(gate.admit("acme", 10), tokens_used=None)
+    assert store.released == []
+
+
+def test_the_release_goes_through_the_release_client():
+    class Client:
+        def __init__(self):
+            self.calls = []
+
+        def update_item(self, **params):
+            self.calls.append(params)
+
+    admit, release = Client(), Client()
+    store = DynamoLimitStore(admit, "t", release_client=release)
+    store.finish("acme", "lease-1", None, None)
+    assert admit.calls == [] and len(release.calls) == 1
+    assert release.calls[0]["UpdateExpression"] == "REMOVE leases.#l"
+    assert DynamoLimitStore(admit, "t").release_client is admit  # one client serves both when none is given

@@ -95,3 +95,74 @@ def test_no_warning_where_salt_isolates_or_one_tenant_per_domain_or_no_tenancy()
 def test_without_domains_every_tenant_shares_one_component():
     lines = shared_without_salt("djl-lmi", {}, None, "header")
     assert len(lines) == 1 and "every tenant shares one component" in lines[0]
+
+
+# -- exact words and bounds (each message names the field, the value and what is allowed)
+
+def test_the_rules_messages_word_for_word():
+    with pytest.raises(ValueError) as raised:
+        TrustDomains(components=(("a", "ca"), ("a", "cb")))
+    assert str(raised.value) == "domains: 2 domains (a, a); allowed: 1 to 8, each named once"
+    with pytest.raises(ValueError) as raised:
+        TrustDomains(components=(("a", "ca"),), tenants=(("t", "b"),))
+    assert str(raised.value) == "domains: tenant 't' names domain 'b'; the domains: a"
+    with pytest.raises(ValueError) as raised:
+        TrustDomains(components=(("a", "ca"), ("b", "cb")), tenants=(("t", "a"), ("t", "b")))
+    assert str(raised.value) == "domains: tenant 't' is in two domains (a and b); allowed: one domain per tenant"
+    with pytest.raises(ValueError) as raised:
+        TrustDomains(components=(("a", "ca"),), tenants=(("bad\n", "a"),))
+    assert str(raised.value) == "domains.a.tenants: string \"bad\\n\"; allowed: a tenant id or pattern of 1-256 printable characters"
+
+
+def test_the_rules_bounds_on_both_sides():
+    eight = tuple((f"d{i}", f"c{i}") for i in range(8))
+    assert len(TrustDomains(components=eight).components) == 8
+    with pytest.raises(ValueError, match="9 domains"):
+        TrustDomains(components=eight + (("d8", "c8"),))
+    sixty_four = tuple((f"t{i}", "d0") for i in range(64))
+    assert len(TrustDomains(components=eight, tenants=sixty_four).tenants) == 64
+    with pytest.raises(ValueError) as raised:
+        TrustDomains(components=eight, tenants=sixty_four + (("t64", "d0"),))
+    assert str(raised.value) == "domains: 65 tenant entries; allowed: at most 64"
+    assert TrustDomains(components=eight, tenants=(("x" * 256, "d0"),)).domain_for("x" * 256) == "d0"
+    for bad in ("x" * 257, "", 7):
+        with pytest.raises(ValueError, match="1-256 printable"):
+            TrustDomains(components=eight, tenants=((bad, "d0"),))
+
+
+def test_a_bracket_makes_a_pattern():
+    assert first_match("team-b", ["team-[ab]"]) == 0
+
+
+def test_the_environment_form_is_compact_and_exact():
+    rule = TrustDomains(components=(("a", "ca"),), tenants=(("t", "a"),), default=None)
+    assert rule.to_json() == '{"components":[["a","ca"]],"tenants":[["t","a"]],"default":null}'
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[]", "DOMAINS: expected an object with a list of components"),
+    ('{"components": [["a", "c"]], "default": 5}', "DOMAINS: default must be a domain's name or null, got number 5"),
+    ('{"components": "x"}', "DOMAINS: expected an object with a list of components"),
+    ('{"components": [["a", 1]]}', "DOMAINS: components must be a list of [name, name] pairs"),
+    ('{"components": [["a", "c"]], "tenants": [["t"]]}', "DOMAINS: tenants must be a list of [name, name] pairs"),
+])
+def test_the_environment_forms_errors_word_for_word(text, message):
+    with pytest.raises(ValueError) as raised:
+        TrustDomains.from_json(text)
+    assert str(raised.value) == message
+
+
+def test_the_warnings_word_for_word():
+    assert shared_without_salt("djl-lmi", {"b": [GLOBEX, "x"]}, None, "iam") == [
+        f"domain 'b' puts tenants together ({GLOBEX}, x) on djl-lmi, which ignores cache_salt: they share its "
+        "copies' KV cache"]
+    assert shared_without_salt("llama.cpp", {"shared": []}, "shared", "iam") == [
+        "domain 'shared' puts tenants together (no tenant by name and every tenant no domain names) on llama.cpp, "
+        "which ignores cache_salt: they share its copies' KV cache"]
+    assert shared_without_salt("djl-lmi", {}, None, "iam") == [
+        "every tenant shares one component on djl-lmi, which ignores cache_salt: a tenant can tell from its first "
+        "token's time how another's prompts begin; give tenants who must not share a cache their own [domains.<name>]"]
+
+
+def test_an_engine_not_in_the_table_is_not_trusted_to_isolate():
+    assert len(shared_without_salt("some-new-engine", {"b": [ACME, GLOBEX]}, None, "iam")) == 1

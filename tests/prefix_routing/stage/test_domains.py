@@ -104,3 +104,30 @@ def test_the_front_doors_environment_carries_the_domains():
     config = parse_stage(stage(TWO), source="t")
     assert TrustDomains.from_json(front_door_environment(config)["DOMAINS"]) == config.trust_domains()
     assert "DOMAINS" not in front_door_environment(parse_stage(stage(), source="t"))
+
+
+def test_the_stages_domain_messages_word_for_word():
+    [line] = problems(stage({"acme": {"tenants": [ACME]}}))
+    assert line.endswith("tenancy.default_domain 'default' is not one of the domains (acme); name one, or set "
+                         'tenancy.unknown_tenants = "refuse"')
+    [line] = problems(stage({"default": {"tenants": ["t"], "copies_min": 1}, "acme": {"tenants": ["t"], "copies_min": 1}}))
+    assert line.endswith("domains: tenant 't' is in both 'default' and 'acme'; allowed: one domain per tenant")
+    [line] = problems(stage({"default": {}, "acme": {"tenants": [ACME]}}))
+    assert line.endswith("domains: their copies_min add up to 4, more than the 3 copies the endpoint's instances_max "
+                         "instances hold; lower the domains' copies_min")
+
+
+def test_a_component_name_of_63_characters_is_allowed_64_is_not():
+    name63 = "d" * (63 - len("default-") - len("-ic"))  # "default-" + 52 + "-ic" = 63
+    assert parse_stage(stage({name63: {"copies_min": 1}}, {"default_domain": name63}), source="t").domains
+    [line] = problems(stage({name63 + "e": {"copies_min": 1}}, {"default_domain": name63 + "e"}))
+    assert "has 64 characters; allowed: at most 63" in line
+
+
+def test_at_most_64_tenant_entries_in_all_domains():
+    sixty_four = {"default": {"tenants": [f"t{i}" for i in range(40)], "copies_min": 1},
+                  "other": {"tenants": [f"u{i}" for i in range(24)], "copies_min": 1}}
+    assert parse_stage(stage(sixty_four), source="t").domains
+    sixty_four["other"]["tenants"].append("u24")
+    [line] = problems(stage(sixty_four))
+    assert line.endswith("domains: 65 tenant ids or patterns in all; allowed: at most 64")

@@ -66,3 +66,15 @@ def test_the_functions_domains_must_be_the_stages():
     assert _function_checks({"DOMAINS": CONFIG.trust_domains().to_json()}).status == OK
     stale = _function_checks({"DOMAINS": None})
     assert stale.status == FAIL and "trust domains (DOMAINS) are not the stage's" in stale.detail
+
+
+def test_a_component_not_in_service_names_itself_and_what_to_do():
+    sagemaker = boto3.client("sagemaker", region_name=REGION)
+    creating = {**described("default-acme-ic", 0), "InferenceComponentStatus": "Creating"}
+    with Stubber(sagemaker) as stub:
+        stub.add_response("describe_inference_component", creating, {"InferenceComponentName": "default-acme-ic"})
+        status, _ = deployment.check_component(sagemaker, CONFIG, CONFIG.components()[1])[0]
+    assert (status.status, status.title, status.detail) == (FAIL, "inference component default-acme-ic (domain acme)",
+                                                             "status Creating")
+    assert status.fix == ("wait while it is Creating/Updating; if Failed, read FailureReason (capacity, image pull, "
+                          "model load)")
