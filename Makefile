@@ -43,9 +43,9 @@ bench: install
 	@failed=; for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || failed="$$failed $$b"; done; \
 	if [ -n "$$failed" ]; then echo "target missed or error:$$failed"; exit 1; fi
 
-# A mutation-testing pass over the routing, normalizer, error-classification and summary functions
-# (tools/mutation_targets.txt); prints the score per area. Not part of `make test`: about 10 minutes
-# on an idle 2-core machine.
+# A mutation-testing pass over the logic of every subpackage and the stacks (tools/mutation_targets.txt);
+# prints the score per area. Not part of `make test`: several hours on an idle 2-core machine (the
+# normalizer rules' property tests dominate); `tools/mutants.py --area NAME` runs one area.
 mutants: install
 	$(PY) -m pip install --quiet -r requirements-mutants.txt
 	rm -rf mutants

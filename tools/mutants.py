@@ -2,7 +2,7 @@
 
 The score of an area is killed ÷ (killed + survived), a timeout counting as killed and a mutant that
 no test reaches as survived; the mutants listed under [equivalent] (no behaviour change, each with
-its reason) are left out. Not part of `make test`: about an hour on an idle 2-core machine, most of
+its reason) are left out. Not part of `make test`: several hours on an idle 2-core machine, most of
 it the normalizer rules' property tests.
 
     .venv/bin/python tools/mutants.py                  # every area (what `make mutants` runs)
