@@ -30,6 +30,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from prefix_routing.engines.process import free_port
 from prefix_routing.lab import bodies
 from prefix_routing.lab.workloads import LongContextSpec, long_context_workload
 from prefix_routing.loadtest import (
@@ -136,12 +137,6 @@ def _toml(data: dict, prefix: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @contextlib.contextmanager
 def emulator_process(stage: StageConfig, *, speed: float, cache_tokens: float | None, seed: int,
                      front_door: bool = False):
@@ -151,12 +146,12 @@ def emulator_process(stage: StageConfig, *, speed: float, cache_tokens: float | 
     sets limits) the pair (runtime URL, front door URL)."""
     with tempfile.TemporaryDirectory() as config_dir:
         (Path(config_dir) / f"{stage.name}.toml").write_text(_toml(stage.model_dump(mode="json")))
-        port = _free_port()
+        port = free_port()
         command = [sys.executable, "-m", "prefix_routing", "emulate", "--stage", stage.name, "--port", str(port),
                    "--speed", str(speed), "--duration", "3600"]
         if cache_tokens is not None:
             command += ["--cache-tokens", str(cache_tokens)]
-        front_door_port = _free_port() if front_door else None
+        front_door_port = free_port() if front_door else None
         if front_door_port is not None:
             command += ["--front-door", str(front_door_port)]
         env = dict(os.environ, PREFIX_ROUTING_CONFIG_DIR=config_dir)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 
@@ -66,7 +67,7 @@ def run(args) -> int:
     if args.domains is not None:
         from prefix_routing.lab.domains import price_of_isolation
 
-        fleet = config if config.strategy is Strategy.PREFIX_AWARE else _with_strategy(config, Strategy.PREFIX_AWARE)
+        fleet = dataclasses.replace(config, strategy=Strategy.PREFIX_AWARE)
         isolation = price_of_isolation(trace, fleet, args.domains, run=lambda part, f: lab.simulate(
             part, f, speed=args.speed, users=args.users, as_sent=args.as_sent, limits=limits))
     out = lab_args.plot_dir(args, "simulate")
@@ -192,9 +193,3 @@ def table(results) -> str:
             total = sum(r.instance_requests) or 1
             lines.append(f"  {name:<16}" + " ".join(f"{q / total:5.1%}" for q in r.instance_requests))
     return "\n".join(lines)
-
-
-def _with_strategy(config, strategy):
-    import dataclasses
-
-    return dataclasses.replace(config, strategy=strategy)

@@ -27,7 +27,6 @@ What the backend remembers per request (``served``) is the latest ``SERVED_LIMIT
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import math
 import threading
@@ -39,6 +38,7 @@ from typing import Any
 from prefix_routing.emulator.backend import BackendResponse, ErrorReply
 from prefix_routing.emulator.chat import chat_response, parse_chat_request, within_context
 from prefix_routing.emulator.protocol import OP_CHAT_COMPLETIONS, RuntimeRequest
+from prefix_routing.lab.domains import fleet_for_copies
 from prefix_routing.lab.fleet import Fleet, Request
 from prefix_routing.lab.fleet_config import FleetConfig
 # Re-exported: the emulator's callers and tests know them from here.
@@ -306,8 +306,7 @@ def start_emulator(
         fleet = fleet_config_for_stage(component_stage(config, plan), preset=preset, cache_tokens=cache_tokens,
                                        seed=seed, autoscaling=autoscaling)
         if config.domains:  # the domain's copies at most, on as few instances as hold them
-            instances = -(-plan.copies_max // config.copies_per_instance)
-            fleet = dataclasses.replace(fleet, instances=instances, copies=-(-plan.copies_max // instances))
+            fleet = fleet_for_copies(fleet, plan.copies_max, config.copies_per_instance)
         backends[plan.name] = FleetBackend(fleet, component_name=plan.name, speed=speed)
     backend = next(iter(backends.values()))
     if slow_instance is not None:

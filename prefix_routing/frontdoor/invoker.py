@@ -88,6 +88,11 @@ class _State:
 _ORIGINS = {"internal": "internal", MODEL_REJECTED: "client"}
 
 
+def _tokens_used(prompt: int | None, completion: int | None) -> int | None:
+    """What a tenant's minute is charged for an answer: prompt + completion (None: the engine said nothing)."""
+    return None if prompt is None else prompt + (completion or 0)
+
+
 def _since_ms(start: float, now: float) -> float:
     return (now - start) * 1000.0
 
@@ -183,8 +188,7 @@ class Invoker:
         if self.limiter is not None:
             # Before the answer's end reaches the adapter: in Lambda nothing after it is sure to run
             # before the environment is frozen (a lease left would hold the slot until it expires).
-            used = None if record.prompt_tokens is None else record.prompt_tokens + (record.output_tokens or 0)
-            self._free_stream(state, used)
+            self._free_stream(state, _tokens_used(record.prompt_tokens, record.output_tokens))
         if record.status is None:
             record.status = 500
         if self.replicas is not None:
@@ -201,8 +205,7 @@ class Invoker:
         """Free the stream when its end marker has arrived, before it is handed on: a client that
         sends its next request as soon as it reads the end must find its slot free."""
         if state.admission is not None and reader.complete:
-            used = None if reader.prompt_tokens is None else reader.prompt_tokens + (reader.completion_tokens or 0)
-            self._free_stream(state, used)
+            self._free_stream(state, _tokens_used(reader.prompt_tokens, reader.completion_tokens))
 
     def _exchange(self, request: FrontRequest, record: RequestRecord, state: _State,
                   collect: bool) -> Iterator[Head | bytes | Outcome]:

@@ -51,12 +51,15 @@ def domain_fleets(config: FleetConfig, domains: int) -> list[FleetConfig]:
     """Each domain's component: the fleet's copies dealt out (the first ``total % domains`` domains
     get one more; at least one each), each on as few instances as hold its copies."""
     total = config.total_copies
-    fleets = []
-    for d in range(domains):
-        copies = max(1, total // domains + (1 if d < total % domains else 0))
-        instances = math.ceil(copies / config.copies)
-        fleets.append(dataclasses.replace(config, instances=instances, copies=math.ceil(copies / instances)))
-    return fleets
+    return [fleet_for_copies(config, max(1, total // domains + (1 if d < total % domains else 0)))
+            for d in range(domains)]
+
+
+def fleet_for_copies(config: FleetConfig, copies: int, per_instance: int | None = None) -> FleetConfig:
+    """``config`` holding ``copies`` copies on as few instances as hold them (``per_instance`` copies
+    at most on one; default the config's own), the copies spread evenly over those instances."""
+    instances = math.ceil(copies / (per_instance or config.copies))
+    return dataclasses.replace(config, instances=instances, copies=math.ceil(copies / instances))
 
 
 def price_of_isolation(trace: Trace, config: FleetConfig, domains: int, *,

@@ -20,13 +20,13 @@ the front door (which component a tenant's request goes to) and the emulator:
 
 from __future__ import annotations
 
-import fnmatch
 import json
 from dataclasses import dataclass
 from typing import Any, Final, Mapping
 
 from prefix_routing.rules.errors import _describe
 from prefix_routing.rules.limits import MAX_PATTERN
+from prefix_routing.rules.tenant_match import first_match, is_pattern  # noqa: F401 - first_match: part of this rule's interface
 
 #: Per serving framework: does ``cache_salt`` isolate tenants inside one copy? vLLM mixes the salt
 #: into the first block's hash for the chat and completions bodies it accepts; LMI's bodies carry
@@ -37,22 +37,6 @@ UNKNOWN_TENANT_MODES: Final = ("default", "refuse")
 #: tenant ids or patterns in all (they travel in the function's environment, 4 KB in all).
 MAX_DOMAINS: Final = 8
 MAX_TENANT_ENTRIES: Final = 64
-
-
-def is_pattern(key: str) -> bool:
-    return "*" in key or "?" in key or "[" in key
-
-
-def first_match(tenant: str, keys: list[str] | tuple[str, ...]) -> int | None:
-    """The index of the key that applies to ``tenant``: its own id first, else the first pattern that
-    matches it (in order), else None."""
-    for index, key in enumerate(keys):
-        if key == tenant:
-            return index
-    for index, key in enumerate(keys):
-        if is_pattern(key) and fnmatch.fnmatchcase(tenant, key):
-            return index
-    return None
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ itself, standard library only, with no clock of its own (callers pass ``now``):
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import math
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from typing import Any, Final, Mapping
 
 from prefix_routing.rules.errors import _describe
 from prefix_routing.rules.telemetry import LIMIT_NAMES
+from prefix_routing.rules.tenant_match import first_match
 
 #: The names of the three limits (a stage's fields, the JSON error's ``limit``, the log line's): the
 #: telemetry module's, which the stacks' Contributor Insights rule reads too.
@@ -113,13 +113,11 @@ class LimitSettings:
 
     def for_tenant(self, tenant: str) -> tuple[str, TenantLimits]:
         """(the rule that applies: the override's key or ``default``, the tenant's limits)."""
-        for pattern, limits in self.tenants:
-            if pattern == tenant:
-                return pattern, limits.over(self.default)
-        for pattern, limits in self.tenants:
-            if _is_pattern(pattern) and fnmatch.fnmatchcase(tenant, pattern):
-                return pattern, limits.over(self.default)
-        return DEFAULT_RULE, self.default
+        index = first_match(tenant, [pattern for pattern, _ in self.tenants])
+        if index is None:
+            return DEFAULT_RULE, self.default
+        pattern, limits = self.tenants[index]
+        return pattern, limits.over(self.default)
 
     def to_json(self) -> str:
         """The compact form the stack puts in the function's environment (``LIMITS``)."""
@@ -150,10 +148,6 @@ def _limits(data: Any) -> TenantLimits:
     if not isinstance(data, Mapping) or set(data) - set(LIMIT_NAMES):
         raise ValueError(f"limits: {_describe(data)}; allowed: an object of {', '.join(LIMIT_NAMES)}")
     return TenantLimits(**dict(data))
-
-
-def _is_pattern(text: str) -> bool:
-    return any(c in text for c in "*?[")
 
 
 def window_of(now_s: float) -> int:
