@@ -414,8 +414,9 @@ class Fleet:
         if held < len(blocks):
             misses = self.misses
             rest = blocks[held:] if held else blocks
-            seen = misses.seen
-            if cached < prompt and (rest[0] in seen or misses.older or key.__class__ is ClientKey):
+            seen, older = misses.seen, misses.older
+            first_block = rest[0]
+            if cached < prompt and (first_block in seen or first_block in older or key.__class__ is ClientKey):
                 misses.book(blocks, g, held, prompt, cached, self._bt, self._held_elsewhere,
                             key.__class__ is ClientKey)
             else:  # the uncached part starts with a block never seen: chained ids, so all of it is new

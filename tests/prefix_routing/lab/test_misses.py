@@ -61,6 +61,21 @@ def test_memory_is_two_generations_and_a_forgotten_block_counts_as_first_touch()
     assert ledger.first_touch == 900 and ledger.evicted == 0
 
 
+def test_the_fleet_counts_a_block_of_the_older_generation_as_evicted_not_first_touch():
+    from prefix_routing.lab.fleet import Fleet, Request
+    from prefix_routing.lab.fleet_config import FleetConfig
+
+    # One copy whose cache holds 2 blocks of 100 tokens, and a ledger of 2 blocks per generation.
+    fleet = Fleet(FleetConfig(instances=1, strategy=Strategy.PREFIX_AWARE, cache_tokens=200, block_tokens=100))
+    fleet.misses = MissLedger(limit=2)
+    fleet.submit(Request(prompt_tokens=200, output_tokens=1, blocks=[1, 2]), 0.0)
+    fleet.submit(Request(prompt_tokens=200, output_tokens=1, blocks=[3, 4]), 1.0)  # 1, 2 evicted
+    assert fleet.misses.older == {1, 2, 3, 4} and fleet.misses.seen == set()
+    # Blocks 1 and 2 come back: seen before (in the older generation), held by no copy: evicted.
+    fleet.submit(Request(prompt_tokens=200, output_tokens=1, blocks=[1, 2]), 2.0)
+    assert fleet.misses.as_dict() == {"first_touch": 400, "rekeyed": 0, "routed_away": 0, "evicted": 200}
+
+
 def _engine_preset(tmp_path):
     from prefix_routing.stage.preset_file import PresetFile, load_preset_file, write_preset_file
     from prefix_routing.stage.presets import LatencyCoefficients
