@@ -209,7 +209,8 @@ def add_fleet_arguments(parser, *, grid: bool) -> None:
     parser.add_argument("--autoscaling-min", type=_ranged_int("--autoscaling-min", 0, 10_000), metavar="N", help="fewest copies (default 1; 0 scales to zero)")
     parser.add_argument("--copy-startup-s", type=_positive_float("--copy-startup-s"), metavar="S", help="seconds before a new copy serves (default 300, an assumption)")
     parser.add_argument("--replication", choices=("off", "on"), help="PREFIX_AWARE: the front door gives hot prefixes k replicas (<id>-r<j>; default off, or the stage's with --stage)")
-    parser.add_argument("--replication-target-share", type=_positive_float("--replication-target-share"), metavar="F", help="replicate a prefix above F fair shares (1/copies) of recent requests (default 0.1)")
+    parser.add_argument("--replication-target-share", type=_positive_float("--replication-target-share"), metavar="F", help="replicate a prefix above F fair shares (1/copies) of recent requests (default 0.05)")
+    parser.add_argument("--replication-steering", choices=("off", "on"), help="on (default): replicas chosen by load and a replica that lands where the prefix is already cached gets a fresh id, as the front door does with its shared table; off: replicas in turn")
     parser.add_argument("--replication-max-replicas", type=_ranged_int("--replication-max-replicas", 1, 64), metavar="K", help="at most K replicas per prefix (default 32)")
     parser.add_argument("--preset", metavar="NAME", help="instance × model preset (default p5.48xlarge-llama3.1-70b); 'list' lists them")
     parser.add_argument("--preset-file", metavar="FILE", help="a preset file measured on a real engine (`calibrate --out FILE`) instead of --preset")
@@ -388,15 +389,16 @@ def replication_from_args(args) -> "ReplicationSettings | None":
     from prefix_routing.rules.replication import ReplicationSettings
 
     options = {"target_share_factor": getattr(args, "replication_target_share", None),
-               "max_replicas": getattr(args, "replication_max_replicas", None)}
+               "max_replicas": getattr(args, "replication_max_replicas", None),
+               "steering": {"on": True, "off": False, None: None}[getattr(args, "replication_steering", None)]}
     options = {k: v for k, v in options.items() if v is not None}
     stage = stage_from_args(args)
     base = replication_for_stage(stage) if stage is not None else ReplicationSettings()
     mode = getattr(args, "replication", None) or ("on" if base.enabled else "off")
     if mode != "on":
         if options:
-            raise UserError(f"--replication-{'target-share' if 'target_share_factor' in options else 'max-replicas'}"
-                            " needs --replication on" + (f" (stage {stage.name} has it off)" if stage else ""))
+            flag = "--replication-" + next(iter(options)).replace("target_share_factor", "target-share").replace("_", "-")
+            raise UserError(f"{flag} needs --replication on" + (f" (stage {stage.name} has it off)" if stage else ""))
         return None
     try:
         return replace(base, enabled=True, **options)
@@ -487,7 +489,8 @@ def settings_lines(args, config: FleetConfig, strategies=(), trace: Trace | None
     if rep is not None and rep.enabled:
         origin = "the stage's" if getattr(args, "replication", None) is None else "--replication on"
         lines.append(f"replication: on ({origin}): PREFIX_AWARE only, a hot prefix above "
-                     f"{rep.target_share_factor:g} fair shares gets up to {rep.max_replicas} replicas")
+                     f"{rep.target_share_factor:g} fair shares gets up to {rep.max_replicas} replicas, "
+                     + ("steered by load, a collided replica redrawn" if rep.steering else "used in turn"))
     else:
         lines.append("replication: off")
     policy = config.cache_policy if getattr(args, "cache_policy", None) is None else f"{config.cache_policy} (--cache-policy)"

@@ -185,6 +185,7 @@ REPLICATION_VARIABLES: Final = {
     "target_share_factor": "REPLICATION_TARGET_SHARE_FACTOR",
     "half_life_s": "REPLICATION_HALF_LIFE_S",
     "min_requests": "REPLICATION_MIN_REQUESTS",
+    "steering": "REPLICATION_STEERING",
 }
 
 
@@ -198,6 +199,7 @@ def _replication(env: Mapping[str, str]) -> ReplicationSettings:
         "target_share_factor": _number(env, V["target_share_factor"], defaults.target_share_factor),
         "half_life_s": _number(env, V["half_life_s"], defaults.half_life_s),
         "min_requests": _number(env, V["min_requests"], defaults.min_requests),
+        "steering": _flag(env, V["steering"], defaults.steering),
     }
     try:
         return ReplicationSettings(**values)

@@ -124,6 +124,7 @@ from prefix_routing.lab.latency import LatencyModel
 from prefix_routing.lab.misses import ClientKey, MissLedger
 from prefix_routing.lab.routing import _KV_AWARE, ROUTING_OVERHEAD_S, Router, Strategy, routing_key
 from prefix_routing.lab.slot_cache import VLLM_BLOCKS, SlotCache
+from prefix_routing.lab.steering import SteeredReplicas
 from prefix_routing.rules.errors import UserError
 from prefix_routing.rules.replication import HotPrefixes
 
@@ -203,7 +204,11 @@ class Fleet:
         self.pool = CopyPool(config.autoscaling, n) if config.autoscaling else None
         self.no_capacity = 0  # requests that found no copy serving (autoscaling)
         self._next_start = math.inf  # when a starting copy begins to serve
-        self._hot = HotPrefixes(config.replication) if config.replicating else None
+        # Hot-prefix replication as the front door does it: replicas steered by load and collisions
+        # (lab/steering.py), or used in turn (``replication.steering`` off).
+        self._steered = config.replicating and config.replication.steering
+        self._hot = (SteeredReplicas(config.replication) if self._steered else HotPrefixes(config.replication)) \
+            if config.replicating else None
         self.timeouts = 0
         self._timeout = math.inf if config.timeout_s is None else config.timeout_s
         routing = config.routing_overhead_s
@@ -313,6 +318,13 @@ class Fleet:
         for g in range(instance * c, instance * c + c):
             self.engines.slow[g] = float(factor)
 
+    def steering_summary(self) -> dict:
+        """With replica steering: its collisions (a replica's first answer found the prefix already
+        cached) and redraws (fresh replica ids drawn for them), as the front door counts them."""
+        if not self._steered:
+            return {}
+        return {"steering": {"replica_collisions": self._hot.collisions, "replica_redraws": self._hot.redraws}}
+
     def outstanding(self) -> list[int]:
         return list(self._out)
 
@@ -363,6 +375,7 @@ class Fleet:
         spilled = False
         caches = self._caches
         pool = self.pool
+        prefix, j = key, 0  # the request's own key and its replica (0: the key itself)
         if n == 1 and pool is None:
             g = 0
         elif strategy is _KV_AWARE:
@@ -370,7 +383,8 @@ class Fleet:
         else:
             hot = self._hot
             if hot is not None:  # the front door's PrefixAwareId <id>-r<j>: another key for the router
-                j = hot.assign(key, now, n)[0]
+                prefix = key
+                j = hot.route(key, now, n) if self._steered else hot.assign(key, now, n)[0]
                 if j:
                     key = (_REPLICA, j, key) if key.__class__ is not ClientKey else ClientKey((_REPLICA, j, key))
                     self.replicated += 1
@@ -403,9 +417,14 @@ class Fleet:
             self._timeouts[g] += 1
             finish = now + self._timeout
             heappush(self._done, (finish, g))
+            if self._steered:
+                self._hot.sent(prefix, j, finish, None, 0.0)
             return g, 0, math.inf, 0.0, finish, spilled, now
         start, first, tpot, finish = scheduled
         heappush(self._done, (finish, g))
+        if self._steered:  # the answer tells the front door its cached tokens when it ends
+            key_tokens = min(prompt, self._k * self._bt)
+            self._hot.sent(prefix, j, finish, cached, key_tokens)
         self._prompt[g] += prompt
         self._cached[g] += cached
         # Why not cached: judged against the caches as the request found them (lab/misses.py).

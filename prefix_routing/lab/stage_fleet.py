@@ -78,7 +78,7 @@ def replication_for_stage(config: StageConfig) -> ReplicationSettings:
     r = config.normalizer.replication
     return ReplicationSettings(enabled=r.enabled, max_replicas=r.max_replicas,
                                target_share_factor=r.target_share_factor, half_life_s=r.half_life_s,
-                               min_requests=r.min_requests)
+                               min_requests=r.min_requests, steering=r.steering)
 
 
 def stage_fleet_values(config: StageConfig) -> dict:

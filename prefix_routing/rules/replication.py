@@ -48,16 +48,20 @@ class ReplicationSettings:
 
     enabled: bool = False
     max_replicas: int = 32
-    target_share_factor: float = 0.1  # in fair shares (1/copies)
+    target_share_factor: float = 0.05  # in fair shares (1/copies)
     half_life_s: float = 300.0
     # Evidence before a prefix is split: at least this many recent (decayed) requests of it, so that
     # the low share threshold of a small factor does not split cold prefixes by chance.
-    min_requests: float = 8.0
+    min_requests: float = 12.0
     capacity: int = 256  # fingerprints tracked
+    # Replicas chosen by load and retired on collision (rules/steering.py, state shared by every
+    # execution environment), or used in turn by each environment (False).
+    steering: bool = True
 
     def __post_init__(self) -> None:
         checks = (
             ("enabled", isinstance(self.enabled, bool), "true or false"),
+            ("steering", isinstance(self.steering, bool), "true or false"),
             ("max_replicas", _int_in(self.max_replicas, 1, 64), "an integer from 1 to 64"),
             ("target_share_factor", _number_in(self.target_share_factor, 0.01, 1000.0), "a number from 0.01 to 1000"),
             ("half_life_s", _number_in(self.half_life_s, 1.0, 86_400.0), "seconds from 1 to 86400"),

@@ -499,7 +499,7 @@ class ReplicationStageSettings(_Section):
         32, ge=1, le=64, description="the most replicas (PrefixAwareIds) one prefix (tenant and prefix fingerprint) gets"
     )
     target_share_factor: float = Field(
-        0.1, ge=0.01, le=1000,
+        0.05, ge=0.01, le=1000,
         description="a prefix is replicated once it takes more than this many fair shares, 1/copies, of recent "
         "requests; each replica then carries at most that many (small pieces even out the router's random "
         "placement; replicas on one copy share its cache)",
@@ -508,9 +508,15 @@ class ReplicationStageSettings(_Section):
         300.0, ge=1, le=86400, description="seconds after which a request counts half in the recent-request shares"
     )
     min_requests: float = Field(
-        8.0, ge=1, le=10000,
+        12.0, ge=1, le=10000,
         description="recent (decayed) requests of a prefix before it may be replicated, so that chance does not "
         "split cold prefixes",
+    )
+    steering: bool = Field(
+        True,
+        description="true: a hot prefix's replicas are chosen by load (fewest in flight) and a replica whose first "
+        "answer finds the prefix already cached (it landed on a copy that held it) gets a fresh id, with the "
+        "state in the front door's shared table; false: each execution environment uses the replicas in turn",
     )
 
 

@@ -57,6 +57,7 @@ def function_environment(*, endpoint_name: str, component_name: str, routing: Ro
         "REPLICATION_TARGET_SHARE_FACTOR": repr(float(replication.target_share_factor)),
         "REPLICATION_HALF_LIFE_S": repr(float(replication.half_life_s)),
         "REPLICATION_MIN_REQUESTS": repr(float(replication.min_requests)),
+        "REPLICATION_STEERING": "true" if replication.steering else "false",
         "COPIES_MIN": str(endpoint.copies_min),
         "COPIES_MAX": str(endpoint.copies_max),
         # Per-tenant limits ([limits]): a stream's lease outlives the function's longest request.

@@ -260,7 +260,9 @@ def test_simulate_zipf_with_replication_spreads_the_hot_prefixes(capsys):
     assert code == 0
     on = json.loads(out)["results"][0]
     assert "replicated_requests" not in off and on["replicated_requests"] > 500
-    assert on["replication"] == {"target_share_factor": 0.25, "max_replicas": 16, "half_life_s": 300.0, "min_requests": 8.0}
+    assert on["replication"] == {"target_share_factor": 0.25, "max_replicas": 16, "half_life_s": 300.0,
+                                 "min_requests": 12.0, "steering": True}
+    assert on["replica_redraws"] <= on["replica_collisions"] and on["replica_collisions"] > 0
     assert on["max_mean_requests"] < off["max_mean_requests"] - 0.3
     assert on["hit_rate"] >= 0.95 * off["hit_rate"]
 
@@ -268,6 +270,8 @@ def test_simulate_zipf_with_replication_spreads_the_hot_prefixes(capsys):
 def test_replication_and_zipf_flags_say_what_they_need(capsys):
     code, _, err = run(capsys, "simulate", "--workload", "long-context", "--replication-target-share", "0.5")
     assert code == 2 and "--replication-target-share needs --replication on" in err
+    code, _, err = run(capsys, "simulate", "--workload", "long-context", "--replication-steering", "off")
+    assert code == 2 and "--replication-steering needs --replication on" in err
     code, _, err = run(capsys, "simulate", "--zipf", "1.1", "trace.jsonl")
     assert code == 2 and "--zipf shapes a generated workload" in err
     code, _, err = run(capsys, "simulate", "--workload", "long-context", "--zipf", "11")
@@ -326,8 +330,8 @@ def test_simulate_with_a_stage_models_its_endpoint_and_its_autoscaling(capsys):
     assert code == 0, err
     result = json.loads(out)["results"][0]
     assert "autoscaling" not in result and result["concurrency_threshold"] == 4
-    assert result["replication"] == {"target_share_factor": 0.1, "max_replicas": 32, "half_life_s": 300.0,
-                                     "min_requests": 8.0}
+    assert result["replication"] == {"target_share_factor": 0.05, "max_replicas": 32, "half_life_s": 300.0,
+                                     "min_requests": 12.0, "steering": True}
 
 
 def test_a_stage_that_replicates_turns_replication_on_in_simulate_and_tune(capsys, tmp_path, monkeypatch):

@@ -160,8 +160,8 @@ def test_a_prefix_needs_min_requests_before_it_is_replicated():
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_uniform_traffic_replicates_nothing_with_the_default_settings(seed):
     # The lab's long-context workload without skew: 450 prefixes at 3 requests per second on 7 copies.
-    # Each has 1/450 of the traffic, a sixth of the 0.1 fair shares (1.4 %) that would split it;
-    # its recent count (about 3 in a 300 s half-life) stays below that and below min_requests.
+    # Each has 1/450 of the traffic, a third of the 0.05 fair shares (0.71 %) that would split it;
+    # its recent count (about 3 in a 300 s half-life) stays below that and below min_requests (12).
     import random
 
     rng = random.Random(seed)

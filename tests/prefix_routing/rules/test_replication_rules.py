@@ -87,8 +87,8 @@ def test_settings_out_of_bounds_name_the_field_the_value_and_what_is_allowed(kwa
 
 def test_the_defaults_are_the_documented_ones():
     s = ReplicationSettings()
-    assert (s.enabled, s.max_replicas, s.target_share_factor, s.half_life_s, s.min_requests, s.capacity) == (
-        False, 32, 0.1, 300.0, 8.0, 256)
+    assert (s.enabled, s.max_replicas, s.target_share_factor, s.half_life_s, s.min_requests, s.capacity,
+            s.steering) == (False, 32, 0.05, 300.0, 12.0, 256, True)
     assert MIN_EVIDENCE_REQUESTS == 32
 
 

@@ -180,7 +180,7 @@ def test_replication_mistake_is_named_with_value_and_what_is_allowed(field, valu
 def test_replication_defaults_and_a_stage_file(tmp_path):
     replication = load_stage().normalizer.replication
     assert (replication.enabled, replication.max_replicas, replication.target_share_factor,
-            replication.half_life_s, replication.min_requests) == (False, 32, 0.1, 300.0, 8.0)
+            replication.half_life_s, replication.min_requests, replication.steering) == (False, 32, 0.05, 300.0, 12.0, True)
     (tmp_path / "hot.toml").write_text(
         '[model]\nframework = "vllm"\nimage_repository = "vllm"\nimage_tag = "v1"\nmodel_id = "m/m"\n'
         '[endpoint]\ninstance_type = "ml.g6e.xlarge"\ninstances_min = 2\ninstances_max = 3\ncopies_min = 2\n'
@@ -190,7 +190,7 @@ def test_replication_defaults_and_a_stage_file(tmp_path):
     stage = load_stage("hot", config_dir=tmp_path)
     assert stage.normalizer.replication.model_dump() == {"enabled": True, "max_replicas": 8,
                                                          "target_share_factor": 3.0, "half_life_s": 30.0,
-                                                         "min_requests": 8.0}
+                                                         "min_requests": 12.0, "steering": True}
     assert stage.warnings == []
     (tmp_path / "typo.toml").write_text((tmp_path / "hot.toml").read_text().replace("max_replicas = 8", "max_replicas = 99"))
     with pytest.raises(ConfigError, match=r"typo.toml: normalizer.replication.max_replicas = 99: allowed: from 1 to 64"):
