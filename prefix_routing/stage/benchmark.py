@@ -71,7 +71,8 @@ class BenchmarkSettings(Section):
     @model_validator(mode="after")
     def _needs_s3_uri(self) -> "BenchmarkSettings":
         if self.s3_uri is None:
-            given = [name for name in ("role_arn", "tokenizer", "hf_token_secret_arn") if getattr(self, name) is not None]
+            given = [name for name in ("role_arn", "tokenizer", "hf_token_secret_arn")
+                     if getattr(self, name) is not None]
             if given:
                 raise ValueError(f"{given[0]} is set but s3_uri is not; allowed: set s3_uri (s3://<bucket>/<prefix>/) "
                                  "to benchmark this stage, or leave [benchmark] out")
