@@ -9,6 +9,7 @@ AIPerf on AWS's side, and its results read back from S3 (prefix_routing/benchmar
 
 from __future__ import annotations
 
+import math
 import sys
 
 from prefix_routing.cli import lab_args
@@ -100,7 +101,7 @@ def run(args) -> int:
     stage = load_stage_arg(args.stage)
     check_stage(stage)
     trace, predicted, modelled = predict(args, stage)
-    timeout = args.timeout if args.timeout is not None else trace.duration_s + DEFAULT_TIMEOUT_MARGIN_S
+    timeout = args.timeout if args.timeout is not None else math.ceil(trace.duration_s) + DEFAULT_TIMEOUT_MARGIN_S
     if trace.duration_s >= timeout:
         raise UserError(f"the workload lasts {trace.duration_s:,.0f} s and --timeout {timeout:g} would stop the job "
                         "before it has sent it: give a longer --timeout (the duration and some minutes of start-up), "
