@@ -20,6 +20,8 @@ One subpackage per capability, split by what runs where. Each subpackage imports
 - ``emulator``   the SageMaker runtime's wire protocol on 127.0.0.1, faults, the server, backends.
 - ``loadtest``   work items, stream parsing, targets, the runner, reports.
 - ``verify``     a live deployment against its stage file (boto3, read-only but ``--invoke``).
+- ``benchmark``  a SageMaker AI benchmark job against a deployed stage, beside the lab's prediction
+                 for the same workload (boto3; the lab's traces).
 - ``cli``        ``python -m prefix_routing <command>``: one thin module per command. Nothing
                  imports it.
 

@@ -7,6 +7,7 @@ from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
 from prefix_routing.stage.config import StageConfig
+from stacks.constructs.benchmark_role import BenchmarkRole
 from stacks.constructs.copy_autoscaling import CopyAutoscaling
 from stacks.constructs.inference_endpoint import InferenceEndpoint
 from stacks.metrics import SageMakerMetrics
@@ -70,6 +71,15 @@ class EndpointStack(Stack):
                  "in it is readable by the endpoint; give the weights a folder of their own to narrow the grant."),
                 f"Resource::arn:<AWS::Partition>:s3:::{config.model.s3_bucket}/{config.model.s3_prefix}*",
             )
+        if config.benchmark.enabled and not config.benchmark.role_arn:  # `python -m prefix_routing benchmark`
+            def arn(kind: str, name: str) -> str:
+                return self.format_arn(service="sagemaker", resource=kind, resource_name=name)
+
+            self.benchmark = BenchmarkRole(
+                self, "Benchmark", settings=config.benchmark, endpoint_arn=arn("endpoint", config.endpoint_name),
+                component_arns=[arn("inference-component", plan.name) for plan in config.components()],
+            )
+            CfnOutput(self, "BenchmarkRoleArn", value=self.benchmark.role.role_arn)
         CfnOutput(self, "EndpointName", value=config.endpoint_name)
         CfnOutput(self, "InferenceComponentName", value=config.component_name)
         if config.domains:

@@ -37,6 +37,8 @@ ROOMS = {
     "prefix_routing.advisor.": "advisor",
     "prefix_routing.verify": "verify",  # checks a live deployment against its stage
     "prefix_routing.verify.": "verify",
+    "prefix_routing.benchmark": "benchmark",  # a SageMaker AI benchmark job beside the lab's prediction
+    "prefix_routing.benchmark.": "benchmark",
     "prefix_routing.cli": "cli",  # the command line and what only it runs
     "prefix_routing.cli.": "cli",
     "prefix_routing.__main__": "cli",
@@ -59,7 +61,9 @@ ALLOWED = {
     "engines": ({"rules", "stage"}, {"gguf", "numpy"}),
     "verify": ({"rules", "stage", "loadtest"}, {"boto3", "botocore"}),
     "advisor": ({"rules", "stage", "lab"}, {"boto3", "botocore"}),
-    "cli": ({"rules", "stage", "lab", "emulator", "loadtest", "frontdoor", "verify", "engines", "advisor", "package"}, set()),
+    "benchmark": ({"rules", "stage", "lab"}, {"boto3", "botocore"}),
+    "cli": ({"rules", "stage", "lab", "emulator", "loadtest", "frontdoor", "verify", "engines", "advisor", "benchmark",
+             "package"}, set()),
     "stacks": ({"stage", "package"}, {"aws_cdk", "constructs", "cdk_nag", "jsii"}),
     "lambda": ({"frontdoor", "advisor", "rules", "package"}, {"boto3", "botocore"}),
 }

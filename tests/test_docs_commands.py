@@ -62,6 +62,12 @@ NOT_RUN = {
         "needs an AWS account (a deployed stage)",
     "python -m prefix_routing advise --stage NAME [--since 1h] [--log-group NAME] [--region R]":
         "needs an AWS account (reads the request log from CloudWatch Logs)",
+    "python -m prefix_routing benchmark --stage llama70b-p5 --workload shared-prefix":
+        "needs an AWS account (a deployed stage; runs a billed benchmark job)",
+    "python -m prefix_routing benchmark --stage llama70b-p5 --workload long-context --json":
+        "needs an AWS account (a deployed stage; runs a billed benchmark job)",
+    "python -m prefix_routing benchmark --stage llama70b-p5 --workload TRACE --limit 2000":
+        "needs an AWS account (a deployed stage; runs a billed benchmark job)",
 }
 
 #: The flags that shorten a command (its own; later flags win in argparse), by the command's start.

@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "loadtest": "loadtest",
     "demo": "demo",
     "verify": "verify",
+    "benchmark": "benchmark",
     "images": "images",
     "engines": "engines",
     "calibrate": "calibrate",

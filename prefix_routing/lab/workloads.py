@@ -1,4 +1,5 @@
-"""Synthetic workloads: a reconstruction of AWS's long-context benchmark; one noisy tenant beside quiet ones."""
+"""Synthetic workloads: a reconstruction of AWS's long-context benchmark; short requests sharing a few system
+prompts; one noisy tenant beside quiet ones."""
 
 from __future__ import annotations
 
@@ -179,5 +180,37 @@ def noisy_tenant_workload(spec: NoisyTenantSpec = NoisyTenantSpec(), *, seed: in
     )
 
 
+@dataclass(frozen=True)
+class SharedPrefixSpec(LongContextSpec):
+    """Short requests that share one of a few system prompts: the common case of chat and RAG
+    front ends (AWS's short-context chats are of this kind; these numbers are ours, not AWS's).
+
+    128 system prompts of 2,048 tokens (262,144 tokens in all: more than one 8B copy on an L40S
+    caches), each request one of them (uniform) and a unique question of 100–500 tokens, 100–300
+    output tokens, Poisson arrivals at 2 requests/s for 10 minutes (about 1,200 requests: a short,
+    cheap benchmark that a small stage serves without queueing).
+    Blocks of 512 tokens, Mooncake's and AIPerf's own, and a system prompt of whole blocks: a
+    benchmark of this workload (``benchmark --workload shared-prefix``) shares exactly the tokens
+    the lab shares.
+    """
+
+    prefixes: int = 128
+    prefix_tokens: int = 2048
+    suffix_tokens: tuple[int, int] = (100, 500)
+    output_tokens: tuple[int, int] = (100, 300)
+    rate_rps: float = 2.0
+    duration_s: float = 600.0
+    block_tokens: int = 512
+    instances: int = 2
+
+
+def shared_prefix_workload(spec: SharedPrefixSpec = SharedPrefixSpec(), *, seed: int = 0) -> Trace:
+    """Generate the shared-prefix workload: the long-context generator with the shared-prefix numbers."""
+    trace = long_context_workload(spec, seed=seed)
+    trace.source = f"shared-prefix workload (seed {seed})"
+    return trace
+
+
 WORKLOADS = {"long-context": (LongContextSpec, long_context_workload),
-             "noisy-tenant": (NoisyTenantSpec, noisy_tenant_workload)}
+             "noisy-tenant": (NoisyTenantSpec, noisy_tenant_workload),
+             "shared-prefix": (SharedPrefixSpec, shared_prefix_workload)}

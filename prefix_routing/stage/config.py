@@ -23,6 +23,7 @@ from pydantic import AfterValidator, Field, ValidationError, field_validator, mo
 from prefix_routing.rules.constants import FINGERPRINT_HEX_DIGITS, MAX_BODY_BYTES_LIMIT
 from prefix_routing.rules.limits import LIMIT_NAMES, MAX_LIMIT, MAX_OVERRIDES, MAX_PATTERN, LimitSettings, TenantLimits
 from prefix_routing.rules.domains import MAX_DOMAINS, TrustDomains, shared_without_salt
+from prefix_routing.stage.benchmark import BenchmarkSettings
 from prefix_routing.stage.domains import ComponentPlan, DomainSettings, TenancySettings, check_domains, component_name
 from prefix_routing.stage.presets import INSTANCES
 from prefix_routing.stage.section import Section as _Section
@@ -684,6 +685,9 @@ class StageConfig(_Section):
         json_schema_extra=_allowed(f"at most {MAX_DOMAINS}; names of lower-case letters, digits and hyphens"),
     )
     tenancy: TenancySettings = Field(TenancySettings(), description="trust domains: unknown tenants, isolation")
+    benchmark: BenchmarkSettings = Field(
+        BenchmarkSettings(), description="benchmark jobs against the endpoint (`python -m prefix_routing benchmark`)"
+    )
 
     @model_validator(mode="after")
     def _cross_section(self) -> "StageConfig":
