@@ -45,6 +45,8 @@ from prefix_routing.lab import traces  # noqa: E402
 from prefix_routing.lab.fleet_config import FleetConfig
 from prefix_routing.lab.routing import Strategy  # noqa: E402
 
+from minimal_prefix_sim import MinimalPrefixSim  # noqa: E402  (bench/, beside this script)
+
 TRACE = ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"
 TARGET_RPS = 50_000
 
@@ -77,11 +79,14 @@ def baseline(chunk: traces.Trace) -> float:
 
 
 def run_once(trace: traces.Trace, config: FleetConfig, requests: int, id_shift: int, span: float) -> dict:
-    """One measurement: a fresh Simulator over ``requests`` requests, and the baseline on the same replays."""
+    """One measurement: a fresh Simulator over ``requests`` requests, and the baselines on the same replays."""
     keyed = config.strategy is Strategy.PREFIX_AWARE
     k = config.key_blocks
     sim = lab.Simulator(config)
-    generate_s = baseline_s = keys_s = simulate_s = simulate_cpu_s = 0.0
+    minimal = MinimalPrefixSim(config.total_copies, k, config.concurrency_threshold, int(config.block_tokens),
+                               int(config.capacity_tokens // config.block_tokens)) \
+        if keyed and not math.isinf(config.capacity_tokens) else None
+    generate_s = baseline_s = keys_s = simulate_s = simulate_cpu_s = minimal_s = 0.0
     remaining, r = requests, 0
     collecting = gc.isenabled()
     gc.disable()  # the simulator allocates few cycles; the collector would only add noise
@@ -91,6 +96,10 @@ def run_once(trace: traces.Trace, config: FleetConfig, requests: int, id_shift: 
             chunk = replay(trace, r, id_shift, span, remaining)
             t1 = time.perf_counter()
             baseline_s += baseline(chunk)
+            if minimal is not None:
+                m0 = time.perf_counter()
+                minimal.feed(chunk.arrivals, chunk.prompt_tokens, chunk.output_tokens, chunk.blocks)
+                minimal_s += time.perf_counter() - m0
             t2, c2 = time.perf_counter(), time.process_time()
             keys = lab.trace_keys(chunk, k) if keyed else None  # timed: the keys are part of the work
             t3 = time.perf_counter()
@@ -119,6 +128,8 @@ def run_once(trace: traces.Trace, config: FleetConfig, requests: int, id_shift: 
         "requests_per_s": result.requests / simulate_s,
         "requests_per_cpu_s": result.requests / simulate_cpu_s,
         "baseline_requests_per_s": result.requests / baseline_s,
+        "minimal_requests_per_s": result.requests / minimal_s if minimal is not None else None,
+        "minimal_hit_rate": minimal.hit_rate if minimal is not None else None,
     }
 
 
@@ -193,6 +204,11 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_to_baseline": rps_med / base_med,
         "ratio_to_baseline_min": rps_min / base_min,
         "ratio_to_baseline_median": rps_med / base_med,
+        "minimal_requests_per_s_median": statistics.median(run["minimal_requests_per_s"] for run in runs)
+        if runs[0]["minimal_requests_per_s"] else None,
+        "ratio_to_minimal_median": statistics.median(run["requests_per_s"] / run["minimal_requests_per_s"]
+                                                     for run in runs) if runs[0]["minimal_requests_per_s"] else None,
+        "minimal_hit_rate": runs[0]["minimal_hit_rate"],
         "generate_s": statistics.median(run["generate_s"] for run in runs),
         "target_requests_per_s": TARGET_RPS,
         "target_on": "median",
@@ -216,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
               f"min {cpu_min:,.0f}, median {cpu_med:,.0f} requests/s")
         print(f"  baseline (read the requests only): min {base_min:,.0f}, median {base_med:,.0f} requests/s")
         print(f"  ratio to baseline: min {rps_min / base_min:.3f}, median {rps_med / base_med:.3f}")
+        if report["ratio_to_minimal_median"] is not None:
+            print(f"  a minimal PREFIX_AWARE + LRU simulation of the same replays (bench/minimal_prefix_sim.py): median "
+                  f"{report['minimal_requests_per_s_median']:,.0f} requests/s, hit rate {report['minimal_hit_rate']:.1%}; "
+                  f"the lab's speed relative to it: median {report['ratio_to_minimal_median']:.2f} (for information)")
         print(f"  generating the replays: median {report['generate_s']:.2f} s per repeat (not counted)")
         print(f"  hit rate {first.hit_rate:.1%}, P50 TTFT {first.ttft_p50_s * 1000:.0f} ms, "
               f"max/mean {first.max_mean_requests:.2f}")
