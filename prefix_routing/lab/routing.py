@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import math
 import random
@@ -86,6 +87,11 @@ def stable_hash(value: Hashable) -> int:
             x = mix64(x ^ stable_hash(item))
         return x
     return stable_hash(repr(value))
+
+
+# Routing keys' stable hashes, shared by every router in the process: the advisor and tune simulate
+# one window under many settings, and a string key's blake2b costs more than the rest of its routing.
+_key_hash = functools.lru_cache(maxsize=1 << 18)(stable_hash)
 
 
 def mix64(x: int) -> int:
@@ -178,7 +184,7 @@ class Router:
         if strategy is _PREFIX_AWARE:
             home = self.home(key) if self._keep_homes else -1
             if home < 0 or home not in active:
-                kh = mix64(stable_hash(key) ^ self._seed_mix)
+                kh = mix64(_key_hash(key) ^ self._seed_mix)
                 home = max(active, key=lambda c: mix64(kh ^ (c + 1) * _GOLDEN & _MASK))
             if out[home] < self.threshold:
                 return home, False
@@ -200,7 +206,7 @@ class Router:
             return ((((key ^ self._seed_mix) * _GOLDEN) & _MASK) >> 16) % self.n
         g = self._home_of.get(key)
         if g is None:
-            g = self._home_of[key] = mix64(stable_hash(key) ^ self._seed_mix) % self.n
+            g = self._home_of[key] = mix64(_key_hash(key) ^ self._seed_mix) % self.n
         return g
 
     def choose(self, key: Hashable, out: Sequence[int]) -> tuple[int, bool]:

@@ -317,26 +317,22 @@ def _hotspot_seconds(sim: Simulator, arr: list[float], config: FleetConfig) -> f
         return 0.0
     settings = config.autoscaling or AutoscalingSettings()
     threshold, period = settings.hotspot_factor * settings.target_per_copy, settings.period_s
-    events: dict[int, list[tuple[float, int]]] = {}
+    # ∫ in-flight dt over a period is the sum of the requests' overlaps with it: no sorting needed.
+    areas: dict[int, dict[int, float]] = {}
     for g, start, end in zip(sim.copy_of, arr, sim.ends):
-        mine = events.setdefault(g, [])
-        mine.append((start, 1))
-        mine.append((end, -1))
-    hot: set[int] = set()
-    for mine in events.values():
-        mine.sort(key=lambda e: e[0])  # stable: at equal times, in the order recorded
-        area: dict[int, float] = {}  # ∫ in-flight dt per period
-        level, t = 0, mine[0][0]
-        for time, step in mine:
-            if level and time > t:  # spread level × (t, time) over the periods it covers
-                b = int(t // period)
-                while t < time:
-                    edge = min(time, (b + 1) * period)
-                    area[b] = area.get(b, 0.0) + level * (edge - t)
-                    t, b = edge, b + 1
-            t = time
-            level += step
-        hot.update(b for b, a in area.items() if a / period > threshold)
+        if end <= start:
+            continue
+        area = areas.get(g)
+        if area is None:
+            area = areas[g] = {}
+        b = int(start // period)
+        edge = (b + 1) * period
+        while end > edge:  # the part in period b, then the next
+            area[b] = area.get(b, 0.0) + (edge - start)
+            start, b = edge, b + 1
+            edge = (b + 1) * period
+        area[b] = area.get(b, 0.0) + (end - start)
+    hot = {b for area in areas.values() for b, a in area.items() if a / period > threshold}
     return float(len(hot) * period)
 
 
