@@ -63,12 +63,10 @@ class RoutingAlarms(Construct):
         periods = settings.evaluation_periods
         missing_ok = cloudwatch.TreatMissingData.NOT_BREACHING
 
-        def alarm(construct_id: str, metric: cloudwatch.IMetric, *, threshold: float, operator: Op, description: str,
-                  name: str | None = None):
+        def alarm(construct_id: str, metric: cloudwatch.IMetric, *, threshold: float, operator: Op, description: str):
             created = cloudwatch.Alarm(
                 self,
                 construct_id,
-                alarm_name=alarm_name(component_name, name) if name else None,
                 metric=metric,
                 threshold=threshold,
                 comparison_operator=operator,
@@ -87,7 +85,6 @@ class RoutingAlarms(Construct):
             threshold=settings.ttft_p50_ms,
             operator=Op.GREATER_THAN_THRESHOLD,
             description=f"P50 time to first token above {settings.ttft_p50_ms:g} ms, measured by the normalizer.",
-            name=TTFT_P50_ALARM,
         )
         # Only containers that report cached tokens have a hit rate (ModelSettings.reports_cached_tokens).
         self.hit_rate = None if not cached_tokens_reported else alarm(
@@ -137,7 +134,6 @@ class RoutingAlarms(Construct):
             threshold=settings.error_rate_percent,
             operator=Op.GREATER_THAN_THRESHOLD,
             description=f"5XX errors above {settings.error_rate_percent:g} % of invocations.",
-            name=ERROR_RATE_ALARM,
         )
         self.capacity_failures = alarm(
             "CapacityFailures",
@@ -174,45 +170,11 @@ class RoutingAlarms(Construct):
             "limits.store_timeout_ms): requests were served unchecked (on_store_error open) or refused with 503 "
             "(closed).",
         )
-        # The engine's own hit rate (vLLM under detailed observability): PromQL alarms, because its
-        # counters are OpenTelemetry metrics. Every series the query returns breaches; the pending
-        # period plays evaluation_periods' part.
-        self.engine_hit_rate = self.engine_metrics_missing = None
-        if engine is not None:
-            hold = Duration.minutes(periods)
-            self.engine_hit_rate = cloudwatch.PromQLAlarm(
-                self,
-                "EngineHitRate",
-                alarm_name=alarm_name(component_name, ENGINE_HIT_RATE_ALARM),
-                query=engine.hit_rate_below(settings.minimum_hit_rate, periods),
-                evaluation_interval=Duration.minutes(1),
-                pending_period=hold,
-                recovery_period=hold,
-                alarm_description=(
-                    f"The engine's own prefix-cache hit rate (vLLM's prefix-cache hits / queries, tokens) below "
-                    f"{settings.minimum_hit_rate:g} for {periods} minutes: the copies find little of the prompts in "
-                    "their KV caches (beside the front door's hit rate: a gap is traffic that bypasses it)."
-                ),
-            )
-            self.engine_hit_rate.add_alarm_action(cw_actions.SnsAction(topic))
-            self.engine_hit_rate.add_ok_action(cw_actions.SnsAction(topic))
-            # No actions: a wiring check (verify reads it). It is also in ALARM while the component has no
-            # copy (scaled to zero, or starting).
-            self.engine_metrics_missing = cloudwatch.PromQLAlarm(
-                self,
-                "EngineMetricsMissing",
-                alarm_name=alarm_name(component_name, ENGINE_METRICS_ALARM),
-                query=engine.absent(),
-                evaluation_interval=Duration.minutes(1),
-                pending_period=hold,
-                recovery_period=Duration.minutes(1),
-                alarm_description=(
-                    f"No {EngineMetrics.QUERIES} series labelled with this component: the engine hit-rate alarm "
-                    "and widget have nothing to read (no copy serving, detailed observability off, or the metric is "
-                    "published under another name: look it up in CloudWatch Query Studio and set EngineMetrics in "
-                    "stacks/metrics.py). Notifies no one."
-                ),
-            )
+        # Added last, so that the mutation pass's notes on the alarms above keep their numbers.
+        self._fix_name(self.ttft_p50, component_name, TTFT_P50_ALARM)
+        self._fix_name(self.error_rate, component_name, ERROR_RATE_ALARM)
+        self.engine_hit_rate, self.engine_metrics_missing = (
+            self._engine_alarms(engine, component_name, settings, topic) if engine is not None else (None, None))
         self.rollback = [self.error_rate, self.ttft_p50]
         self.all = [
             a
@@ -229,3 +191,50 @@ class RoutingAlarms(Construct):
             )
             if a is not None
         ]
+
+    @staticmethod
+    def _fix_name(created: cloudwatch.Alarm, component_name: str, alarm: str) -> None:
+        """Give an alarm its fixed name, ``<component>-<alarm>`` (another stack or verify names it)."""
+        created.node.default_child.alarm_name = alarm_name(component_name, alarm)
+
+    def _engine_alarms(self, engine: EngineMetrics, component_name: str, settings: AlarmSettings,
+                       topic: sns.ITopic) -> tuple[cloudwatch.PromQLAlarm, cloudwatch.PromQLAlarm]:
+        """The engine's own hit rate (vLLM under detailed observability): PromQL alarms, because its
+        counters are OpenTelemetry metrics. Every series a query returns breaches; the pending period
+        plays evaluation_periods' part."""
+        periods = settings.evaluation_periods
+        hold = Duration.minutes(periods)
+        hit_rate = cloudwatch.PromQLAlarm(
+            self,
+            "EngineHitRate",
+            alarm_name=alarm_name(component_name, ENGINE_HIT_RATE_ALARM),
+            query=engine.hit_rate_below(settings.minimum_hit_rate, periods),
+            evaluation_interval=Duration.minutes(1),
+            pending_period=hold,
+            recovery_period=hold,
+            alarm_description=(
+                f"The engine's own prefix-cache hit rate (vLLM's prefix-cache hits / queries, tokens) below "
+                f"{settings.minimum_hit_rate:g} for {periods} minutes: the copies find little of the prompts in "
+                "their KV caches (beside the front door's hit rate: a gap is traffic that bypasses it)."
+            ),
+        )
+        hit_rate.add_alarm_action(cw_actions.SnsAction(topic))
+        hit_rate.add_ok_action(cw_actions.SnsAction(topic))
+        # No actions: a wiring check (verify reads it). It is also in ALARM while the component has no
+        # copy (scaled to zero, or starting).
+        missing = cloudwatch.PromQLAlarm(
+            self,
+            "EngineMetricsMissing",
+            alarm_name=alarm_name(component_name, ENGINE_METRICS_ALARM),
+            query=engine.absent(),
+            evaluation_interval=Duration.minutes(1),
+            pending_period=hold,
+            recovery_period=Duration.minutes(1),
+            alarm_description=(
+                f"No {EngineMetrics.QUERIES} series labelled with this component: the engine hit-rate alarm "
+                "and widget have nothing to read (no copy serving, detailed observability off, or the metric is "
+                "published under another name: look it up in CloudWatch Query Studio and set EngineMetrics in "
+                "stacks/metrics.py). Notifies no one."
+            ),
+        )
+        return hit_rate, missing
