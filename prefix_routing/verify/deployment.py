@@ -205,4 +205,5 @@ def check_placement(config: StageConfig, plan: ComponentPlan, component: dict | 
                     f"keep two copies or more at rest ({bound} = 2) so that PREFIX_AWARE routing has instances to "
                     "choose among")
     return fail(title, f"{detail}: BINPACK packs them onto as few instances as it can, and one holds "
-                f"{config.copies_per_instance}: routing by prefix has no instance to choose", "set endpoint.placement = \"SPREAD\" and redeploy (copies move as they are added or removed)")
+                f"{config.copies_per_instance}: routing by prefix has no instance to choose",
+                "set endpoint.placement = \"SPREAD\" and redeploy (copies move as they are added or removed)")

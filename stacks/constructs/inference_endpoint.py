@@ -12,6 +12,7 @@ from aws_cdk.region_info import FactName
 from constructs import Construct
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from prefix_routing.stage.config import (DeploymentSettings, EndpointSettings, MetricsSettings, ModelSettings,
                                          RoutingSettings)
@@ -228,9 +229,9 @@ class InferenceEndpoint(Construct):
         )
 
     @staticmethod
-    def _deployment_config(deployment: DeploymentSettings,
-                           rollback_alarms: Sequence[str]) -> sagemaker.CfnInferenceComponent.InferenceComponentDeploymentConfigProperty | None:
-        """A rolling update, batch by batch, rolled back on ``rollback_alarms`` (None: SageMaker's default)."""
+    def _deployment_config(deployment: DeploymentSettings, rollback_alarms: Sequence[str]) -> Any:
+        """A rolling update, batch by batch, rolled back on ``rollback_alarms`` (an
+        ``InferenceComponentDeploymentConfigProperty``; None: SageMaker's default update)."""
         if not deployment.rolling_update:
             return None
         Cfn = sagemaker.CfnInferenceComponent
