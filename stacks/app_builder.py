@@ -29,6 +29,9 @@ def build_stage(app: App, config: StageConfig) -> StageStacks:
     observability = ObservabilityStack(
         app, f"{prefix}-Observability", config=config, request_log=normalizer.normalizer.log_group, env=env
     )
+    # Each inference component's rolling update rolls back on alarms of the observability stack, named
+    # by their fixed names (no cross-stack reference): they must exist before any component names them.
+    endpoint.add_stack_dependency(observability)
     for stack in (endpoint, normalizer, observability):
         Tags.of(stack).add("project", "prefix-aware-routing")
         Tags.of(stack).add("stage", config.name)

@@ -26,6 +26,9 @@ class EndpointStack(Stack):
             endpoint=config.endpoint,
             routing=config.routing,
             metrics=config.metrics,
+            deployment=config.deployment,
+            # By name: the alarms are the observability stack's, which deploys first (app_builder).
+            rollback_alarms={plan.name: config.rollback_alarm_names(plan.name) for plan in config.components()},
         )
         self.autoscalings: dict[str, CopyAutoscaling] = {}
         for index, plan in enumerate(config.components()):

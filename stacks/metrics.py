@@ -238,3 +238,44 @@ class SageMakerMetrics:
             label="concurrent requests per copy, per instance",
             period=ONE_MINUTE,
         )
+
+
+class EngineMetrics:
+    """The engine's own prefix-cache counters for one inference component, as detailed observability
+    publishes them: OpenTelemetry metrics in CloudWatch, read with PromQL, not classic metrics (no
+    ``cloudwatch.Metric``, Metrics Insights query or graph widget reads them; a PromQL alarm does).
+
+    vLLM V1 counts prefix-cache lookups in tokens: ``vllm:prefix_cache_queries`` and
+    ``vllm:prefix_cache_hits`` (exposed with a ``_total`` suffix, which the OpenTelemetry Prometheus
+    receiver drops); SageMaker labels each series with its component. The names and the label are
+    what AWS's pages give, settled on first deploy: verify's ``engine prefix-cache metrics`` line is
+    ✔ once the alarm on their absence is OK, and Query Studio lists what is published.
+    """
+
+    QUERIES = "vllm:prefix_cache_queries"
+    HITS = "vllm:prefix_cache_hits"
+    COMPONENT_LABEL = "aws.sagemaker.inference_component.name"
+
+    def __init__(self, *, component_name: str, publish_frequency_s: int) -> None:
+        self.component_name = component_name
+        # rate() needs two samples in its window: at least two publications (MetricPublishFrequencyInSeconds).
+        self.min_window_minutes = -(-2 * publish_frequency_s // 60)
+
+    def selector(self, metric: str) -> str:
+        """The component's series of ``metric`` (PromQL's quoted form: the names hold ``:`` and ``.``)."""
+        return f'{{"{metric}", "{self.COMPONENT_LABEL}"="{self.component_name}"}}'
+
+    def hit_rate(self, window_minutes: int) -> str:
+        """Tokens the engine found in its prefix cache ÷ tokens it looked up, over the window (0..1; the
+        window is stretched to two publications of the endpoint's metrics)."""
+        window = f"[{max(window_minutes, self.min_window_minutes)}m]"
+        return (f"sum(rate({self.selector(self.HITS)}{window})) / "
+                f"sum(rate({self.selector(self.QUERIES)}{window}))")
+
+    def hit_rate_below(self, threshold: float, window_minutes: int) -> str:
+        """One series (breaching) while the hit rate is below ``threshold``; none without lookups (0 ÷ 0)."""
+        return f"({self.hit_rate(window_minutes)}) < {threshold:g}"
+
+    def absent(self) -> str:
+        """One series (breaching) while the component publishes no prefix-cache lookups at all."""
+        return f"absent({self.selector(self.QUERIES)})"

@@ -10,7 +10,7 @@ from stacks.constructs.alarms import AlertTopic, RoutingAlarms
 from stacks.constructs.dashboard import RoutingDashboard
 from stacks.constructs.log_insights import RequestLogInsights
 from stacks.constructs.routing_advisor import RoutingAdvisor
-from stacks.metrics import AdvisorMetrics, NormalizerMetrics, SageMakerMetrics
+from stacks.metrics import AdvisorMetrics, EngineMetrics, NormalizerMetrics, SageMakerMetrics
 
 
 class ObservabilityStack(Stack):
@@ -27,9 +27,13 @@ class ObservabilityStack(Stack):
             suffix = "" if index == 0 else f"-{plan.domain}"
             normalizer = NormalizerMetrics(component_name=plan.name)
             sagemaker = SageMakerMetrics(endpoint_name=config.endpoint_name, component_name=plan.name)
+            engine = (EngineMetrics(component_name=plan.name, publish_frequency_s=config.metrics.publish_frequency_s)
+                      if config.engine_hit_rate_published else None)
             alarms = RoutingAlarms(
                 self,
                 "Alarms" + suffix,
+                component_name=plan.name,
+                engine=engine,
                 normalizer=normalizer,
                 sagemaker=sagemaker,
                 settings=config.alarms,
@@ -50,6 +54,9 @@ class ObservabilityStack(Stack):
                 advisor=AdvisorMetrics(component_name=plan.name, schedule_minutes=config.advisor.schedule_minutes)
                 if config.advisor.enabled and index == 0 else None,
                 limits_enabled=config.limits.enabled,
+                engine=engine,
+                engine_alarms=[a for a in (alarms.engine_hit_rate, alarms.engine_metrics_missing) if a is not None],
+                engine_window_minutes=config.alarms.evaluation_periods,
             )
             self.alarms_by_component[plan.name] = alarms
         self.alarms = self.alarms_by_component[config.component_name]

@@ -74,7 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     target.add_argument("--endpoint", metavar="NAME", help="sagemaker: EndpointName")
     target.add_argument("--component", metavar="NAME",
                         help="sagemaker: InferenceComponentName (required by inference-component endpoints, every stage's)")
-    target.add_argument("--prefix-aware-id", metavar="ID", help="sagemaker: PrefixAwareId (1-64 printable ASCII)")
+    target.add_argument("--prefix-aware-id", metavar="ID",
+                        help="sagemaker: PrefixAwareId (1-64 printable ASCII characters, the first not a space; "
+                        "read by PREFIX_AWARE endpoints only)")
     target.add_argument("--endpoint-url", metavar="URL",
                         help="sagemaker: runtime URL, e.g. the emulator's http://127.0.0.1:PORT")
     target.add_argument("--region", metavar="REGION", help="AWS region (sagemaker, lambda-url signing, token)")
@@ -154,7 +156,8 @@ def _target(args: argparse.Namespace):
         if not args.endpoint:
             raise UserError("the sagemaker target needs --endpoint NAME")
         if args.prefix_aware_id is not None and not _PRINTABLE_ID_RE.match(args.prefix_aware_id):
-            raise UserError(f"--prefix-aware-id {args.prefix_aware_id!r}: 1-64 printable ASCII characters")
+            raise UserError(f"--prefix-aware-id {args.prefix_aware_id!r}: allowed: 1-64 printable ASCII characters, "
+                            "the first not a space (SageMaker's pattern \\A\\S[\\p{Print}]*\\z)")
         if args.endpoint_url and not re.match(r"^https?://", args.endpoint_url):
             raise UserError(f"--endpoint-url {args.endpoint_url!r}: expected an http:// or https:// URL")
         return loadtest.SageMakerTarget(

@@ -133,7 +133,8 @@ class _Handler(SageMakerWire, OpenAIWire, HttpIO):
         if h.prefix_aware_id is not None and not (
             1 <= len(h.prefix_aware_id) <= 64 and _PRINTABLE_ID_RE.match(h.prefix_aware_id)
         ):
-            return "Value at 'prefixAwareId' failed to satisfy constraint: 1-64 printable ASCII characters"
+            return ("Value at 'prefixAwareId' failed to satisfy constraint: Member must have length between 1 and 64 "
+                    "and satisfy regular expression pattern: \\A\\S[\\p{Print}]*\\z")
         if h.inference_component is not None and not (
             len(h.inference_component) <= 63 and _COMPONENT_RE.match(h.inference_component)
         ):

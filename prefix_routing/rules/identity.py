@@ -22,7 +22,9 @@ class RoutingIdentity:
         if not isinstance(self.prefix_aware_id, str) or not _ROUTING_ID_RE.fullmatch(self.prefix_aware_id):
             raise ValueError(
                 f"prefix_aware_id: not a valid PrefixAwareId (got {_describe(self.prefix_aware_id)}); "
-                "allowed: 1-64 printable ASCII characters without spaces"
+                "allowed: 1-64 printable ASCII characters without spaces (the routing ids this library makes, "
+                "within SageMaker's PrefixAwareId: 1-64 characters, the first not whitespace, the rest printable, "
+                "\\A\\S[\\p{Print}]*\\z)"
             )
         if not isinstance(self.cache_salt, str) or not _SALT_RE.fullmatch(self.cache_salt):
             raise ValueError(

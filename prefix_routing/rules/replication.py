@@ -35,7 +35,7 @@ from typing import Hashable
 
 from prefix_routing.rules.errors import _describe
 
-MAX_ROUTING_ID = 64  # PrefixAwareId: 1-64 printable ASCII characters
+MAX_ROUTING_ID = 64  # PrefixAwareId: 1-64 characters (SageMaker's pattern \A\S[\p{Print}]*\z)
 _RESCALE_AT = 2.0**500  # weights are renormalized before floats lose range (2^1024)
 # Shares are counted against at least this many recent requests: after a quiet spell the first
 # request would otherwise hold 100 % of the (decayed) traffic and get every replica.

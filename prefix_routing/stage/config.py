@@ -372,6 +372,26 @@ class EndpointSettings(_Section):
         "IDLE_RELEASE", description="how managed instance scaling scales in: release idle instances, or consolidate copies"
     )
     scale_in_cooldown_minutes: int = Field(15, ge=5, le=1440, description="minutes between instance scale-ins")
+    placement: Literal["SPREAD", "BINPACK"] = Field(
+        "SPREAD",
+        description="how SageMaker places each inference component's copies on the instances (`SchedulingConfig."
+        "PlacementStrategy`, also what consolidation scale-in honours): `SPREAD` puts them on as many instances as "
+        "it can, so that `PREFIX_AWARE` routing, documented for two or more instances, has instances to choose "
+        "among; `BINPACK` fills instances first (fewer instances, several copies on one)",
+    )
+    az_max_imbalance: int = Field(
+        1, ge=0, le=100,
+        description="the most copies one Availability Zone may hold beyond another's (`SchedulingConfig."
+        "AvailabilityZoneBalance.MaxImbalance`, enforcement `PERMISSIVE`, the only mode: SageMaker still places a "
+        "copy when the zones' capacity cannot balance); 1 keeps zones as even as an odd copy count allows; it "
+        "applies once the endpoint has instances in two or more zones",
+    )
+    data_cache: bool = Field(
+        True,
+        description="cache the model artifacts and container image on each instance (`DataCacheConfig."
+        "EnableCaching`), so that a copy added by autoscaling or an update starts without downloading them "
+        "again; SageMaker caches on instance types with more than 232 GiB of local NVMe storage whatever this says",
+    )
 
     @field_validator("instance_type")
     @classmethod
@@ -403,8 +423,8 @@ class RoutingSettings(_Section):
     strategy: str = Field(
         description="how SageMaker picks a copy for a request",
         json_schema_extra=_allowed(
-            "`RANDOM`, `LEAST_OUTSTANDING_REQUESTS`, `PREFIX_AWARE` (`KV_AWARE`: rejected, CloudFormation "
-            "does not accept it yet)"
+            "`RANDOM`, `LEAST_OUTSTANDING_REQUESTS`, `PREFIX_AWARE` (`KV_AWARE`: rejected, CloudFormation's "
+            "resource schema and cfn-lint (E3030) do not accept it yet)"
         ),
     )
     prefix_length: int | None = Field(
@@ -419,8 +439,9 @@ class RoutingSettings(_Section):
     def _strategy(cls, value: str) -> str:
         if value == "KV_AWARE":
             raise ValueError(
-                "KV_AWARE is known to the SageMaker API but CloudFormation, cfn-lint and CDK do not accept it "
-                "yet; use PREFIX_AWARE (or simulate KV_AWARE in the lab)"
+                "KV_AWARE is known to the SageMaker API, but CloudFormation's resource schema does not list it and "
+                "cfn-lint rejects it (E3030; CDK's synth-time check only warns, W3030), so a deploy would fail; "
+                "allowed: RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE (simulate KV_AWARE in the lab)"
             )
         if value not in ROUTING_STRATEGIES:
             raise ValueError(f"must be one of {', '.join(ROUTING_STRATEGIES)}")
@@ -437,11 +458,24 @@ class MetricsSettings(_Section):
     """The [metrics] section: the endpoint config's MetricsConfig (enhanced metrics are always on)."""
 
     publish_frequency_s: int = Field(
-        10, description="seconds between the endpoint's metric publications",
+        10, description="seconds between the endpoint's metric publications (with detailed observability, also "
+        "between scrapes of the container's metrics)",
         json_schema_extra=_allowed(", ".join(map(str, PUBLISH_FREQUENCIES))),
     )
-    # Billed per GB; AWS turns it on by default, so say it.
-    detailed_observability: bool = Field(False, description="container Prometheus metrics (billed per GB)")
+    # Billed per GB ingested, and AWS turns it on for new endpoint configs: the template always says which.
+    detailed_observability: bool | None = Field(
+        None,
+        description="the endpoint's detailed observability: the engine's own metrics (vLLM's prefix-cache queries "
+        "and hits, the server-side hit rate), per-GPU, host and placement metrics, as OpenTelemetry metrics in "
+        "CloudWatch (queried with PromQL; billed per GB ingested); unset: on for `vllm` stages, off otherwise",
+        json_schema_extra=_allowed("`true`, `false`", doc_default="on for `vllm`, off for `djl-lmi`"),
+    )
+
+    def detailed_observability_for(self, framework: str) -> bool:
+        """Whether the endpoint config turns detailed observability on for a stage of ``framework``."""
+        if self.detailed_observability is None:
+            return framework == "vllm"
+        return self.detailed_observability
 
     @field_validator("publish_frequency_s")
     @classmethod
@@ -479,6 +513,69 @@ class AlarmSettings(_Section):
     emails: list[Annotated[str, Field(pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")]] = Field(
         default_factory=list, description="e-mail subscriptions of the alarm topic"
     )
+
+
+#: Alarms whose names the stacks fix (``<component>-<suffix>``), because something outside the
+#: observability stack names them: each component's DeploymentConfig (the endpoint stack) its rollback
+#: alarms, and ``verify`` the engine-metrics alarm. The other alarms are named by CloudFormation.
+ERROR_RATE_ALARM = "error-rate"
+TTFT_P50_ALARM = "ttft-p50"
+ENGINE_HIT_RATE_ALARM = "engine-hit-rate"
+ENGINE_METRICS_ALARM = "engine-metrics-missing"
+ROLLBACK_ALARMS = (ERROR_RATE_ALARM, TTFT_P50_ALARM)
+#: SageMaker's documented bounds on a rolling update's batch: 5 to 50 % of the component's copies.
+BATCH_PERCENT_MIN, BATCH_PERCENT_MAX = 5, 50
+
+
+def alarm_name(component: str, alarm: str) -> str:
+    """The fixed name of one of a component's alarms (``ROLLBACK_ALARMS``, the engine alarms)."""
+    return f"{component}-{alarm}"
+
+
+class DeploymentSettings(_Section):
+    """The [deployment] section: how a new image, model or container setting reaches the copies (each
+    inference component's DeploymentConfig). A rolling update replaces a batch of copies at a time and
+    rolls back when the component's error-rate or TTFT alarm fires; each new copy starts with an empty
+    KV cache."""
+
+    rolling_update: bool = Field(
+        True,
+        description="replace copies a batch at a time, each batch baking on live traffic before the next; false: "
+        "SageMaker's default update of the component, without rollback alarms",
+    )
+    batch_type: Literal["COPY_COUNT", "CAPACITY_PERCENT"] = Field(
+        "COPY_COUNT", description="what `batch_size` counts: copies, or percent of the component's copies"
+    )
+    batch_size: int = Field(
+        1, ge=1, le=1000,
+        description="copies (or percent of them) replaced per step (`RollingUpdatePolicy.MaximumBatchSize`); small "
+        "batches keep most KV caches warm during an update. SageMaker documents 5-50 % of the copy count",
+        json_schema_extra=_allowed(f"with `CAPACITY_PERCENT` from {BATCH_PERCENT_MIN} to {BATCH_PERCENT_MAX}"),
+    )
+    wait_interval_s: int = Field(
+        600, ge=0, le=3600,
+        description="seconds each batch bakes on live traffic while the rollback alarms watch it "
+        "(`WaitIntervalInSeconds`); with `auto_rollback`, at least `alarms.evaluation_periods` minutes, the time "
+        "an alarm needs to fire",
+    )
+    timeout_s: int = Field(
+        28800, ge=600, le=28800,
+        description="the longest the whole update may take (`MaximumExecutionTimeoutInSeconds`)",
+    )
+    auto_rollback: bool = Field(
+        True,
+        description="roll the update back when the component's 5XX error-rate alarm or its TTFT P50 alarm (the "
+        "front door's) fires during it",
+    )
+
+    @model_validator(mode="after")
+    def _percent(self) -> "DeploymentSettings":
+        if self.batch_type == "CAPACITY_PERCENT" and not BATCH_PERCENT_MIN <= self.batch_size <= BATCH_PERCENT_MAX:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) with batch_type CAPACITY_PERCENT; allowed: {BATCH_PERCENT_MIN} to "
+                f"{BATCH_PERCENT_MAX} (SageMaker's batch is 5-50 % of the copy count)"
+            )
+        return self
 
 
 class ReplicationStageSettings(_Section):
@@ -675,6 +772,9 @@ class StageConfig(_Section):
     metrics: MetricsSettings = Field(MetricsSettings(), description="the endpoint's metrics")
     scaling: ScalingSettings = Field(ScalingSettings(), description="copy autoscaling")
     alarms: AlarmSettings = Field(AlarmSettings(), description="alarm thresholds")
+    deployment: DeploymentSettings = Field(
+        DeploymentSettings(), description="how a new image or model reaches the copies"
+    )
     normalizer: NormalizerFunctionSettings = Field(NormalizerFunctionSettings(), description="the front-door function")
     advisor: AdvisorSettings = Field(AdvisorSettings(), description="the routing advisor function")
     limits: LimitsSettings = Field(LimitsSettings(), description="per-tenant limits at the front door")
@@ -715,6 +815,13 @@ class StageConfig(_Section):
                       capacity=self.endpoint.instances_max * self.copies_per_instance if known else None)
         if self.tenancy.require_isolation and self.tenants_sharing_a_cache:
             raise ValueError("tenancy.require_isolation: " + "; ".join(self.tenants_sharing_a_cache))
+        deployment, periods = self.deployment, self.alarms.evaluation_periods
+        if deployment.rolling_update and deployment.auto_rollback and deployment.wait_interval_s < periods * 60:
+            raise ValueError(
+                f"deployment.wait_interval_s ({deployment.wait_interval_s}) is shorter than the {periods} minutes "
+                f"(alarms.evaluation_periods) a rollback alarm needs to fire: a bad batch would pass its bake; "
+                f"allowed: at least {periods * 60}, or deployment.auto_rollback = false"
+            )
         if self.routing.concurrency_threshold is not None and self.routing.strategy == "PREFIX_AWARE":
             for name, domain in self.domains.items():
                 target = domain.target_concurrent_requests_per_copy
@@ -788,6 +895,41 @@ class StageConfig(_Section):
                                    self.normalizer.tenancy)
 
     @property
+    def detailed_observability(self) -> bool:
+        """Whether the endpoint config turns detailed observability on (``metrics.detailed_observability``,
+        unset: on for vLLM)."""
+        return self.metrics.detailed_observability_for(self.model.framework)
+
+    @property
+    def engine_hit_rate_published(self) -> bool:
+        """Whether the engine's own prefix-cache counters reach CloudWatch: the vLLM container under
+        detailed observability (the engine hit-rate widget, its PromQL alarms and verify's line)."""
+        return self.model.framework == "vllm" and self.detailed_observability
+
+    def rollback_alarm_names(self, component: str) -> list[str]:
+        """The alarms a component's rolling update rolls back on (none without auto-rollback)."""
+        if not (self.deployment.rolling_update and self.deployment.auto_rollback):
+            return []
+        return [alarm_name(component, alarm) for alarm in ROLLBACK_ALARMS]
+
+    def _batch_warnings(self) -> list[str]:
+        deployment = self.deployment
+        if not deployment.rolling_update or deployment.batch_type != "COPY_COUNT":
+            return []
+        size, found = deployment.batch_size, []
+        # 5-50 % of the copy count: the batch fits counts from 2 x size to 20 x size.
+        fits = (2 * size, 20 * size)
+        for plan in self.components():
+            low, high = max(1, plan.copies_min), plan.copies_max
+            if low < fits[0] or high > fits[1]:
+                found.append(
+                    f"deployment.batch_size {size} (COPY_COUNT) is 5-50 % of {fits[0]} to {fits[1]} copies, but "
+                    f"{plan.name} may have {low} to {high}: SageMaker documents batches of 5-50 % of the copy count, "
+                    "so an update at another count may be refused (CAPACITY_PERCENT follows the count)"
+                )
+        return found
+
+    @property
     def instances_at_rest(self) -> int:
         """Instances serving when traffic is low: the minimum, or what the minimum copies need."""
         return max(self.endpoint.instances_min, -(-self.endpoint.copies_min // self.copies_per_instance))
@@ -815,6 +957,12 @@ class StageConfig(_Section):
         found += [f"tenancy: {line}" for line in self.tenants_sharing_a_cache]
         prefix_aware = self.routing.strategy == "PREFIX_AWARE"
         endpoint = self.endpoint
+        if prefix_aware and endpoint.placement == "BINPACK" and self.copies_per_instance > 1:
+            found.append(
+                f"endpoint.placement BINPACK with routing.strategy PREFIX_AWARE: up to {self.copies_per_instance} "
+                "copies fill one instance before the next, and botocore documents routing by prefix 'only when two "
+                "or more instances can serve the request'; SPREAD keeps copies on distinct instances"
+            )
         if self.normalizer.replication.enabled and not prefix_aware:
             found.append(
                 f"normalizer.replication has no effect with routing.strategy {self.routing.strategy}: replicas "
@@ -839,7 +987,7 @@ class StageConfig(_Section):
                 "count is uncertain (no document settles it, nor does verify): set instances_min = 2, or check "
                 "under load that the copies' KV-cache hit rates match the lab's"
             )
-        return found
+        return found + self._batch_warnings()
 
 
 # The embedded default: Llama 3.1 8B on single-GPU ml.g6e.xlarge instances, two of them at rest (one

@@ -16,7 +16,8 @@ from typing import Any
 
 from prefix_routing.rules.errors import UserError
 from prefix_routing.stage.config import StageConfig
-from prefix_routing.verify.deployment import check_component, check_endpoint, check_endpoint_config, check_image
+from prefix_routing.verify.deployment import (check_component, check_endpoint, check_endpoint_config, check_image,
+                                              check_placement, instances_in_service)
 from prefix_routing.verify.function import check_function, check_invocation
 from prefix_routing.verify.monitoring import check_monitoring
 from prefix_routing.verify.report import Check, exit_status, render_json, render_text
@@ -47,13 +48,15 @@ def verify_stage(config: StageConfig, clients: Clients, *, sender_for: Any = Non
 
     ``sender_for(url)`` gives ``send(body) -> Attempt`` for the Function URL (``--invoke``), or None.
     """
-    checks, endpoint_config = check_endpoint(clients.sagemaker, config)
+    checks, endpoint_config, endpoint = check_endpoint(clients.sagemaker, config)
     if endpoint_config is not None:
         checks += check_endpoint_config(endpoint_config, config)
     primary = None
     for plan in config.components():  # one per trust domain, the primary first
         component_checks, component = check_component(clients.sagemaker, config, plan)
         checks += component_checks
+        if component is not None:
+            checks.append(check_placement(config, plan, component, instances_in_service(endpoint)))
         primary = primary or component
     checks += check_image(clients.sagemaker, clients.ecr, primary)
     checks += check_monitoring(clients.cloudformation, clients.cloudwatch, config)

@@ -1,4 +1,5 @@
-"""The endpoint as deployed: status, routing, enhanced metrics, managed scaling, copies, the image.
+"""The endpoint as deployed: status, routing, enhanced metrics and detailed observability, managed
+scaling, copies and where they are placed, the image.
 
 Read-only SageMaker and ECR calls; each check compares what AWS describes with the stage file.
 """
@@ -24,15 +25,17 @@ def _deploy_fix(config: StageConfig) -> str:
     return f"deploy the stage: npx cdk deploy --all -c stage={config.name}"
 
 
-def check_endpoint(sagemaker: Any, config: StageConfig) -> tuple[list[Check], dict | None]:
-    """The endpoint's status and its endpoint config (returned for the routing checks)."""
+def check_endpoint(sagemaker: Any, config: StageConfig) -> tuple[list[Check], dict | None, dict | None]:
+    """The endpoint's status; returns its endpoint config (for the routing checks) and its description
+    (for the instances in service)."""
     title = f"endpoint {config.endpoint_name}"
     try:
         endpoint = sagemaker.describe_endpoint(EndpointName=config.endpoint_name)
     except Exception as error:  # noqa: BLE001 - every API error becomes a line
         if error_code(error) in _DENIED:
-            return [unknown(title, f"not allowed to read it ({error_code(error)})", "grant sagemaker:DescribeEndpoint")], None
-        return [fail(title, f"not found ({error_code(error)})", _deploy_fix(config))], None
+            return [unknown(title, f"not allowed to read it ({error_code(error)})",
+                            "grant sagemaker:DescribeEndpoint")], None, None
+        return [fail(title, f"not found ({error_code(error)})", _deploy_fix(config))], None, None
     status = endpoint.get("EndpointStatus")
     if status != "InService":
         reason = endpoint.get("FailureReason")
@@ -45,8 +48,15 @@ def check_endpoint(sagemaker: Any, config: StageConfig) -> tuple[list[Check], di
         endpoint_config = sagemaker.describe_endpoint_config(EndpointConfigName=endpoint["EndpointConfigName"])
     except Exception as error:  # noqa: BLE001
         return checks + [unknown("endpoint config", f"cannot read it ({error_code(error)})",
-                                 "grant sagemaker:DescribeEndpointConfig")], None
-    return checks, endpoint_config
+                                 "grant sagemaker:DescribeEndpointConfig")], None, endpoint
+    return checks, endpoint_config, endpoint
+
+
+def instances_in_service(endpoint: dict | None) -> int | None:
+    """The (one) variant's current instance count from ``DescribeEndpoint`` (None: not described)."""
+    (variant, *_) = (endpoint or {}).get("ProductionVariants") or [{}]
+    count = variant.get("CurrentInstanceCount")
+    return count if isinstance(count, int) else None
 
 
 def check_endpoint_config(endpoint_config: dict, config: StageConfig) -> list[Check]:
@@ -69,11 +79,13 @@ def check_endpoint_config(endpoint_config: dict, config: StageConfig) -> list[Ch
             checks.append(ok("routing strategy", f"PREFIX_AWARE, PrefixLength {got[0]}, ConcurrencyThreshold {got[1]}"))
     else:
         checks.append(ok("routing strategy", strategy))
-    if (endpoint_config.get("MetricsConfig") or {}).get("EnableEnhancedMetrics") is True:
+    metrics = endpoint_config.get("MetricsConfig") or {}
+    if metrics.get("EnableEnhancedMetrics") is True:
         checks.append(ok("enhanced metrics", "on (per-instance series for the hotspot alarms)"))
     else:
         checks.append(fail("enhanced metrics", "off: the per-instance widgets and hotspot alarms have no series",
                            fix.replace("a routing change", "a metrics change")))
+    checks.append(_detailed_observability(metrics, config, fix.replace("a routing change", "a metrics change")))
     scaling = variant.get("ManagedInstanceScaling") or {}
     got = (scaling.get("Status"), scaling.get("MinInstanceCount"), scaling.get("MaxInstanceCount"))
     wanted = ("ENABLED", config.endpoint.instances_min, config.endpoint.instances_max)
@@ -83,6 +95,17 @@ def check_endpoint_config(endpoint_config: dict, config: StageConfig) -> list[Ch
         checks.append(fail("managed instance scaling", f"{got[0]} with {got[1]} to {got[2]} instances; the stage says "
                            f"ENABLED with {wanted[1]} to {wanted[2]}", fix.replace("a routing change", "a change")))
     return checks
+
+
+def _detailed_observability(metrics: dict, config: StageConfig, fix: str) -> Check:
+    """As the stage says (absent from the description counts as off)."""
+    title, want = "detailed observability", config.detailed_observability
+    got = metrics.get("EnableDetailedObservability") is True
+    if got == want:
+        return ok(title, "on (the engine's own metrics, billed per GB ingested)" if got else "off, as the stage says")
+    if want:
+        return fail(title, "off: the engine's prefix-cache hit rate (its widget and alarms) has no data", fix)
+    return fail(title, "on, the stage says off: OpenTelemetry metrics are billed per GB ingested", fix)
 
 
 def check_component(sagemaker: Any, config: StageConfig,
@@ -139,3 +162,48 @@ def check_image(sagemaker: Any, ecr: Any, component: dict | None) -> list[Check]
                         "other accounts", "the endpoint's InService status already shows the image was pulled")]
     (detail, *_) = found.get("imageDetails") or [{}]
     return [ok(title, f"{image} ({detail.get('imageDigest', 'digest unknown')})")]
+
+
+def check_placement(config: StageConfig, plan: ComponentPlan, component: dict | None, instances: int | None) -> Check:
+    """Where a component's copies are, from ``RuntimeConfig.PlacementStatus``.
+
+    PlacementStatus counts copies per *instance type*, not per instance, so how many instances hold
+    copies is bounded, not read: at least ``ceil(copies / copies per instance)``, and with ``SPREAD``
+    placement (which distributes copies evenly across the instances) as many as there are copies and
+    instances. With ``PREFIX_AWARE`` routing, copies on fewer than two instances while more than one
+    is in service is ✘ (routing by prefix is documented for two or more instances); ? when AWS
+    reports no placement (or the instances in service are unknown and the copies leave it open).
+    """
+    title = "copy placement" + (f" (domain {plan.domain})" if plan.domain else "")
+    runtime = (component or {}).get("RuntimeConfig") or {}
+    placed = runtime.get("PlacementStatus")
+    if not placed:
+        return unknown(title, "DescribeInferenceComponent reports no PlacementStatus",
+                       "run verify again once the copies are InService (an older SDK may not return the field)")
+    copies = sum(p.get("CurrentCopyCount", 0) for p in placed)
+    per_type = ", ".join(f"{p.get('CurrentCopyCount', 0)} on {p.get('InstanceType')}" for p in placed)
+    strategy = (((component or {}).get("Specification") or {}).get("SchedulingConfig") or {}).get("PlacementStrategy")
+    # An instance of the stage's type holds at most copies_per_instance of this model's copies.
+    at_least = -(-copies // config.copies_per_instance) if copies else 0
+    detail = (f"{copies} {'copy' if copies == 1 else 'copies'} ({per_type}), {instances if instances is not None else '?'} "
+              f"instances in service, placement {strategy or 'not reported'}")
+    if config.routing.strategy != "PREFIX_AWARE" or (instances is not None and instances <= 1):
+        return ok(title, detail)
+    if copies >= 2 and at_least >= 2:
+        return ok(title, f"{detail}: on {at_least} instances at least")
+    if copies >= 2 and strategy == "SPREAD":
+        return ok(title, f"{detail}: SPREAD puts them on distinct instances while there are")
+    if copies >= 2 and strategy != "BINPACK":
+        return unknown(title, f"{detail}: {copies} copies fit on one instance and the placement strategy is not "
+                       "reported", "read the component's SchedulingConfig (aws sagemaker describe-inference-component)")
+    # On one instance: one copy (or none), or BINPACK filling the first instance.
+    if instances is None:
+        return unknown(title, detail, "grant sagemaker:DescribeEndpoint: whether more than one instance serves decides it")
+    if copies < 2:
+        bound = f"domains.{plan.domain}.copies_min" if plan.domain else "endpoint.copies_min"
+        return fail(title, f"{detail}: every request goes to one instance, routing by prefix has no choice",
+                    f"keep two copies or more at rest ({bound} = 2) so that PREFIX_AWARE routing has instances to "
+                    "choose among")
+    return fail(title, f"{detail}: BINPACK packs them onto as few instances as it can, and one holds "
+                f"{config.copies_per_instance}: routing by prefix has no instance to choose",
+                "set endpoint.placement = \"SPREAD\" and redeploy (copies move as they are added or removed)")

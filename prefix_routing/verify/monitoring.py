@@ -5,6 +5,11 @@ resources, their metrics (and Metrics Insights queries) from ``DescribeAlarms``,
 the dashboard body. Each metric is looked up with ``ListMetrics`` and must exist with the exact
 dimension set its reader uses, which settles the one fact no document gives: which dimension sets
 SageMaker's enhanced metrics publish.
+
+The engine's own prefix-cache counters (detailed observability) are OpenTelemetry metrics, read
+with PromQL, which ``ListMetrics`` and the SDK's CloudWatch client do not query: their names are
+settled by the PromQL alarm on their absence, ``<component>-engine-metrics-missing``, whose state
+verify reads (OK: the metric is seen).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from prefix_routing.stage.config import StageConfig
+from prefix_routing.stage.config import ENGINE_METRICS_ALARM, StageConfig, alarm_name
 from prefix_routing.verify.deployment import error_code
 from prefix_routing.verify.report import Check, fail, ok, unknown
 
@@ -129,8 +134,14 @@ def check_monitoring(cloudformation: Any, cloudwatch: Any, config: StageConfig) 
                        f"deploy the observability stack: npx cdk deploy {stack} -c stage={config.name}")]
     metric_checks = {need: check_metric(cloudwatch, need) for need in needs}
     checks += list(metric_checks.values())
+    engine_alarms = {alarm_name(plan.name, ENGINE_METRICS_ALARM): plan.name for plan in config.components()}
+    if config.engine_hit_rate_published:
+        checks += [check_engine_metrics(name, component, name in names, alarms.get(name), config)
+                   for name, component in engine_alarms.items()]
     traffic = any(c.status == "ok" for need, c in metric_checks.items() if need.name in ("Invocations", "Requests"))
     for name in names:
+        if config.engine_hit_rate_published and name in engine_alarms:
+            continue  # its own line above
         alarm = alarms.get(name)
         if alarm is None:
             checks.append(fail(f"alarm {name}", "in the stack but not in CloudWatch",
@@ -143,9 +154,31 @@ def check_monitoring(cloudformation: Any, cloudwatch: Any, config: StageConfig) 
         elif state == "ALARM":
             checks.append(unknown(f"alarm {name}", f"ALARM: {reason}", "the deployment is wired; the system is not "
                                   "healthy: read the alarm's description and the dashboard"))
-        elif traffic and (any(c.status == "fail" for c in reads) or all(c.status == "ok" for c in reads)):
+        elif traffic and reads and (any(c.status == "fail" for c in reads) or all(c.status == "ok" for c in reads)):
             checks.append(fail(f"alarm {name}", f"INSUFFICIENT_DATA after traffic: {reason}",
                                "its metrics are not published as it reads them: see the metric lines above"))
         else:
             checks.append(unknown(f"alarm {name}", f"INSUFFICIENT_DATA: {_NOT_YET}", "send traffic and run verify again"))
     return checks
+
+
+def check_engine_metrics(name: str, component: str, in_stack: bool, alarm: dict | None, config: StageConfig) -> Check:
+    """Whether the engine's prefix-cache counters reach CloudWatch for ``component``, from the state of
+    the PromQL alarm ``name`` on their absence: OK ✔ (seen), ALARM or no state yet ? (not seen: the
+    metric names are settled on first deploy), missing ✘."""
+    title = f"engine prefix-cache metrics {component}"
+    stack = f"{config.stack_prefix}-Observability"
+    if not in_stack or alarm is None:
+        where = "CloudWatch" if in_stack else f"the stack {stack}"
+        return fail(title, f"alarm {name} is not in {where}: nothing watches the engine's hit rate",
+                    f"redeploy the observability stack: npx cdk deploy {stack} -c stage={config.name}")
+    state = alarm.get("StateValue")
+    if state == "OK":
+        return ok(title, "published (the engine hit-rate widget's query and alarm have data)")
+    settle = ("settle on first deploy: in CloudWatch Query Studio (PromQL), look for the vLLM prefix-cache series "
+              f"labelled aws.sagemaker.inference_component.name = {component}; if they have other names or labels, "
+              "set them in EngineMetrics (stacks/metrics.py) and redeploy the observability stack; if there are none, "
+              "check that detailed observability is on (the line above) and that the copies are InService")
+    if state == "ALARM":
+        return unknown(title, f"not seen ({alarm.get('StateReason', 'absent')})", settle)
+    return unknown(title, f"not evaluated yet ({state})", "run verify again in a few minutes; if it stays, " + settle)

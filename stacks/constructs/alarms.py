@@ -3,12 +3,14 @@ capacity, all sending to one KMS-encrypted SNS topic. Thresholds come from the s
 
 from __future__ import annotations
 
-from aws_cdk import aws_cloudwatch as cloudwatch, aws_cloudwatch_actions as cw_actions, aws_iam as iam
+from aws_cdk import Duration, aws_cloudwatch as cloudwatch, aws_cloudwatch_actions as cw_actions, aws_iam as iam
 from aws_cdk import aws_kms as kms, aws_sns as sns, aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
-from prefix_routing.stage.config import AlarmSettings, RoutingSettings, ScalingSettings
-from stacks.metrics import NormalizerMetrics, SageMakerMetrics
+from prefix_routing.stage.config import (ENGINE_HIT_RATE_ALARM, ENGINE_METRICS_ALARM, ERROR_RATE_ALARM,
+                                         TTFT_P50_ALARM, AlarmSettings, RoutingSettings, ScalingSettings,
+                                         alarm_name)
+from stacks.metrics import EngineMetrics, NormalizerMetrics, SageMakerMetrics
 
 Op = cloudwatch.ComparisonOperator
 
@@ -32,13 +34,21 @@ class AlertTopic(Construct):
 class RoutingAlarms(Construct):
     """Attributes: ``ttft_p50``, ``hit_rate``, ``hotspot``, ``pinned_at_threshold``, ``error_rate``,
     ``capacity_failures``, ``refused_direct_invocations``, ``limiter_store_errors`` (None without limits) (each a ``cloudwatch.Alarm``; ``hit_rate`` None when the container reports no
-    cached tokens, ``pinned_at_threshold`` None without PREFIX_AWARE) and ``all``."""
+    cached tokens, ``pinned_at_threshold`` None without PREFIX_AWARE), ``engine_hit_rate`` and
+    ``engine_metrics_missing`` (``cloudwatch.PromQLAlarm``, None without ``engine``), ``all`` (every
+    alarm that notifies) and ``rollback`` (the error-rate and TTFT alarms a rolling update watches).
+
+    The TTFT, error-rate and engine alarms have fixed names, ``<component_name>-<suffix>``
+    (``prefix_routing.stage.config.alarm_name``): the component's DeploymentConfig in the endpoint
+    stack names the first two, verify the engine-metrics alarm.
+    """
 
     def __init__(
         self,
         scope: Construct,
         construct_id: str,
         *,
+        component_name: str,
         normalizer: NormalizerMetrics,
         sagemaker: SageMakerMetrics,
         settings: AlarmSettings,
@@ -47,6 +57,7 @@ class RoutingAlarms(Construct):
         topic: sns.ITopic,
         cached_tokens_reported: bool = True,
         limits_enabled: bool = False,
+        engine: EngineMetrics | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         periods = settings.evaluation_periods
@@ -159,11 +170,18 @@ class RoutingAlarms(Construct):
             "limits.store_timeout_ms): requests were served unchecked (on_store_error open) or refused with 503 "
             "(closed).",
         )
+        # Added last, so that the mutation pass's notes on the alarms above keep their numbers.
+        self._fix_name(self.ttft_p50, component_name, TTFT_P50_ALARM)
+        self._fix_name(self.error_rate, component_name, ERROR_RATE_ALARM)
+        self.engine_hit_rate, self.engine_metrics_missing = (
+            self._engine_alarms(engine, component_name, settings, topic) if engine is not None else (None, None))
+        self.rollback = [self.error_rate, self.ttft_p50]
         self.all = [
             a
             for a in (
                 self.ttft_p50,
                 self.hit_rate,
+                self.engine_hit_rate,
                 self.hotspot,
                 self.pinned_at_threshold,
                 self.error_rate,
@@ -173,3 +191,50 @@ class RoutingAlarms(Construct):
             )
             if a is not None
         ]
+
+    @staticmethod
+    def _fix_name(created: cloudwatch.Alarm, component_name: str, alarm: str) -> None:
+        """Give an alarm its fixed name, ``<component>-<alarm>`` (another stack or verify names it)."""
+        created.node.default_child.alarm_name = alarm_name(component_name, alarm)
+
+    def _engine_alarms(self, engine: EngineMetrics, component_name: str, settings: AlarmSettings,
+                       topic: sns.ITopic) -> tuple[cloudwatch.PromQLAlarm, cloudwatch.PromQLAlarm]:
+        """The engine's own hit rate (vLLM under detailed observability): PromQL alarms, because its
+        counters are OpenTelemetry metrics. Every series a query returns breaches; the pending period
+        plays evaluation_periods' part."""
+        periods = settings.evaluation_periods
+        hold = Duration.minutes(periods)
+        hit_rate = cloudwatch.PromQLAlarm(
+            self,
+            "EngineHitRate",
+            alarm_name=alarm_name(component_name, ENGINE_HIT_RATE_ALARM),
+            query=engine.hit_rate_below(settings.minimum_hit_rate, periods),
+            evaluation_interval=Duration.minutes(1),
+            pending_period=hold,
+            recovery_period=hold,
+            alarm_description=(
+                f"The engine's own prefix-cache hit rate (vLLM's prefix-cache hits / queries, tokens) below "
+                f"{settings.minimum_hit_rate:g} for {periods} minutes: the copies find little of the prompts in "
+                "their KV caches (beside the front door's hit rate: a gap is traffic that bypasses it)."
+            ),
+        )
+        hit_rate.add_alarm_action(cw_actions.SnsAction(topic))
+        hit_rate.add_ok_action(cw_actions.SnsAction(topic))
+        # No actions: a wiring check (verify reads it). It is also in ALARM while the component has no
+        # copy (scaled to zero, or starting).
+        missing = cloudwatch.PromQLAlarm(
+            self,
+            "EngineMetricsMissing",
+            alarm_name=alarm_name(component_name, ENGINE_METRICS_ALARM),
+            query=engine.absent(),
+            evaluation_interval=Duration.minutes(1),
+            pending_period=hold,
+            recovery_period=Duration.minutes(1),
+            alarm_description=(
+                f"No {EngineMetrics.QUERIES} series labelled with this component: the engine hit-rate alarm "
+                "and widget have nothing to read (no copy serving, detailed observability off, or the metric is "
+                "published under another name: look it up in CloudWatch Query Studio and set EngineMetrics in "
+                "stacks/metrics.py). Notifies no one."
+            ),
+        )
+        return hit_rate, missing

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from aws_cdk import aws_cloudwatch as cloudwatch
 from constructs import Construct
 
-from stacks.metrics import AdvisorMetrics, NormalizerMetrics, SageMakerMetrics
+from stacks.metrics import AdvisorMetrics, EngineMetrics, NormalizerMetrics, SageMakerMetrics
 
 ADVISOR_TEXT = """**Routing advisor** (every run, over the window of the request log since the last)
 
@@ -20,6 +22,19 @@ ADVISOR_TEXT = """**Routing advisor** (every run, over the window of the request
   from the simulated gain, not from it."""
 
 WIDTH = 24  # the dashboard grid is 24 columns wide
+GRAPH_HEIGHT = 6  # CDK's default height of a graph widget
+
+
+def engine_hit_rate_text(engine: EngineMetrics, window_minutes: int) -> str:
+    """The engine hit rate's widget text: its PromQL query, which no classic dashboard widget that CDK or
+    CloudFormation document can chart, to run in Query Studio (and add to the dashboard from there)."""
+    return (
+        "**Engine prefix-cache hit rate** (vLLM's own counters, detailed observability): a PromQL query. Run it in "
+        "CloudWatch *Query Studio* (PromQL), where *Add to dashboard* can chart it here:\n\n"
+        f"`{engine.hit_rate(window_minutes)}`\n\n"
+        "Close to the front door's hit rate on the left when every request goes through the front door; "
+        "the alarms above are its threshold and whether its metrics are published."
+    )
 
 
 class RoutingDashboard(Construct):
@@ -36,32 +51,44 @@ class RoutingDashboard(Construct):
         alarms: list[cloudwatch.Alarm],
         advisor: AdvisorMetrics | None = None,
         limits_enabled: bool = False,
+        engine: EngineMetrics | None = None,
+        engine_alarms: Sequence[cloudwatch.IAlarm] = (),
+        engine_window_minutes: int = 5,
     ) -> None:
         super().__init__(scope, construct_id)
         third = WIDTH // 3
+        quarter = WIDTH // 4
         self.dashboard = cloudwatch.Dashboard(self, "Dashboard", dashboard_name=dashboard_name)
         self.dashboard.add_widgets(
             cloudwatch.AlarmStatusWidget(title="Alarms", alarms=alarms, width=WIDTH, height=3),
         )
+        # With the engine's hit rate (vLLM under detailed observability), it sits beside the front door's.
+        width = quarter if engine is not None else third
+        engine_column = [] if engine is None else [cloudwatch.Column(
+            cloudwatch.AlarmStatusWidget(title="Engine prefix-cache hit rate: alarms", alarms=list(engine_alarms),
+                                         width=quarter, height=2),
+            cloudwatch.TextWidget(markdown=engine_hit_rate_text(engine, engine_window_minutes), width=quarter,
+                                  height=GRAPH_HEIGHT - 2),
+        )]
         self.dashboard.add_widgets(
             cloudwatch.GraphWidget(
                 title="Time to first token (normalizer, ms)",
                 left=[normalizer.ttft("p50"), normalizer.ttft("p90")],
-                width=third,
+                width=width,
             ),
             cloudwatch.GraphWidget(
                 title="KV-cache hit rate (cached / prompt tokens)",
                 left=[normalizer.hit_rate()],
                 left_y_axis=cloudwatch.YAxisProps(min=0, max=1),
-                width=third,
+                width=width,
             ),
+            *engine_column,
             cloudwatch.GraphWidget(
                 title="Requests per instance (one line each: spread = imbalance)",
                 left=[sagemaker.requests_per_instance()],
-                width=third,
+                width=width,
             ),
         )
-        quarter = WIDTH // 4
         self.dashboard.add_widgets(
             cloudwatch.GraphWidget(
                 title="Concurrent requests per copy, per instance",

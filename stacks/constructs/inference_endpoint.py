@@ -11,9 +11,11 @@ from aws_cdk import ArnFormat, Aws, Stack, aws_iam as iam, aws_kms as kms, aws_s
 from aws_cdk.region_info import FactName
 from constructs import Construct
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from prefix_routing.stage.config import EndpointSettings, MetricsSettings, ModelSettings, RoutingSettings
+from prefix_routing.stage.config import (DeploymentSettings, EndpointSettings, MetricsSettings, ModelSettings,
+                                         RoutingSettings)
 from prefix_routing.stage.domains import ComponentPlan
 
 VARIANT_NAME = "AllTraffic"
@@ -52,7 +54,10 @@ class InferenceEndpoint(Construct):
 
     One inference component per entry of ``components`` (one per trust domain: copies of their own,
     KV caches of their own), all of the same model on the endpoint's instances; the first is the
-    stage's primary component.
+    stage's primary component. Every component gets the endpoint's placement (``SchedulingConfig``)
+    and data cache, and, with ``deployment.rolling_update``, a rolling ``DeploymentConfig`` that
+    rolls back on the alarms ``rollback_alarms`` names for it (alarm names, not references: the
+    alarms live in the observability stack).
 
     Attributes: ``role``, ``volume_key``, ``cfn_model``, ``cfn_endpoint_config``, ``cfn_endpoint``,
     ``cfn_inference_components`` (component name → resource), ``cfn_inference_component`` (the
@@ -70,11 +75,16 @@ class InferenceEndpoint(Construct):
         endpoint: EndpointSettings,
         routing: RoutingSettings,
         metrics: MetricsSettings,
+        deployment: DeploymentSettings,
+        rollback_alarms: Mapping[str, Sequence[str]],
     ) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
         if not components:
             raise ValueError("InferenceEndpoint: at least one component")
+        unnamed = [plan.name for plan in components if plan.name not in rollback_alarms]
+        if unnamed:
+            raise ValueError(f"InferenceEndpoint: rollback_alarms names no alarms list for {', '.join(unnamed)}")
         component_name = components[0].name
         self.endpoint_name = endpoint_name
         self.component_name = component_name
@@ -163,7 +173,8 @@ class InferenceEndpoint(Construct):
             metrics_config=sagemaker.CfnEndpointConfig.MetricsConfigProperty(
                 enable_enhanced_metrics=True,  # adds InstanceId: the hotspot alarm and dashboard need it
                 metric_publish_frequency_in_seconds=metrics.publish_frequency_s,
-                enable_detailed_observability=metrics.detailed_observability,
+                # Set either way: AWS turns it on for new endpoint configs, and it is billed per GB.
+                enable_detailed_observability=metrics.detailed_observability_for(model.framework),
             ),
         )
         self.cfn_endpoint_config.node.add_dependency(policy)
@@ -176,12 +187,16 @@ class InferenceEndpoint(Construct):
         )
 
         self.cfn_inference_components = {
-            plan.name: self._component("Component" if index == 0 else f"Component-{plan.domain}", plan, model)
+            plan.name: self._component("Component" if index == 0 else f"Component-{plan.domain}", plan, model,
+                                       endpoint=endpoint, deployment=deployment,
+                                       rollback_alarms=rollback_alarms[plan.name])
             for index, plan in enumerate(components)
         }
         self.cfn_inference_component = self.cfn_inference_components[component_name]
 
-    def _component(self, construct_id: str, plan: ComponentPlan, model: ModelSettings) -> sagemaker.CfnInferenceComponent:
+    def _component(self, construct_id: str, plan: ComponentPlan, model: ModelSettings, *, endpoint: EndpointSettings,
+                   deployment: DeploymentSettings, rollback_alarms: Sequence[str]) -> sagemaker.CfnInferenceComponent:
+        Cfn = sagemaker.CfnInferenceComponent
         return sagemaker.CfnInferenceComponent(
             self,
             construct_id,
@@ -198,10 +213,39 @@ class InferenceEndpoint(Construct):
                     container_startup_health_check_timeout_in_seconds=model.startup_health_check_timeout_s,
                     model_data_download_timeout_in_seconds=model.startup_health_check_timeout_s,
                 ),
+                # CloudFormation requires both fields (the API only the strategy); PERMISSIVE is the only mode.
+                scheduling_config=Cfn.InferenceComponentSchedulingConfigProperty(
+                    placement_strategy=endpoint.placement,
+                    availability_zone_balance=Cfn.InferenceComponentAvailabilityZoneBalanceProperty(
+                        enforcement_mode="PERMISSIVE", max_imbalance=endpoint.az_max_imbalance
+                    ),
+                ),
+                data_cache_config=Cfn.InferenceComponentDataCacheConfigProperty(enable_caching=endpoint.data_cache),
             ),
             runtime_config=sagemaker.CfnInferenceComponent.InferenceComponentRuntimeConfigProperty(
                 copy_count=max(1, plan.copies_min)
             ),
+            deployment_config=self._deployment_config(deployment, rollback_alarms),
+        )
+
+    @staticmethod
+    def _deployment_config(deployment: DeploymentSettings, rollback_alarms: Sequence[str]) -> Any:
+        """A rolling update, batch by batch, rolled back on ``rollback_alarms`` (an
+        ``InferenceComponentDeploymentConfigProperty``; None: SageMaker's default update)."""
+        if not deployment.rolling_update:
+            return None
+        Cfn = sagemaker.CfnInferenceComponent
+        return Cfn.InferenceComponentDeploymentConfigProperty(
+            rolling_update_policy=Cfn.InferenceComponentRollingUpdatePolicyProperty(
+                maximum_batch_size=Cfn.InferenceComponentCapacitySizeProperty(
+                    type=deployment.batch_type, value=deployment.batch_size
+                ),
+                wait_interval_in_seconds=deployment.wait_interval_s,
+                maximum_execution_timeout_in_seconds=deployment.timeout_s,
+            ),
+            auto_rollback_configuration=Cfn.AutoRollbackConfigurationProperty(
+                alarms=[Cfn.AlarmProperty(alarm_name=name) for name in rollback_alarms]
+            ) if rollback_alarms else None,
         )
 
     def _execution_role(self, *, model: ModelSettings, endpoint_name: str, component_names: list[str]) -> iam.Role:

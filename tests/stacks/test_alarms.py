@@ -115,6 +115,9 @@ def test_error_rate_and_capacity_alarms(default_templates):
     )
     assert capacity["ComparisonOperator"] == "GreaterThanOrEqualToThreshold" and capacity["Threshold"] == 1
     for alarm in alarms.values():
+        if alarm.get("AlarmName", "").endswith("-engine-metrics-missing"):  # a wiring check for verify
+            assert "AlarmActions" not in alarm
+            continue
         assert alarm["AlarmActions"] == [_topic_ref(template)]
 
 

@@ -70,3 +70,28 @@ def test_rekeyed_requests_have_their_widget_with_their_share(default_templates):
                            load_stage().component_name]
     (share,) = [m for m in metrics if isinstance(m[0], dict) and "expression" in m[0]]
     assert share[0]["expression"] == "100 * rekeyed / requests" and share[0].get("yAxis") == "right"
+
+
+def _widgets(template):
+    (dashboard,) = template.find_resources("AWS::CloudWatch::Dashboard").values()
+    parts = dashboard["Properties"]["DashboardBody"]["Fn::Join"][1]
+    return json.loads("".join(p if isinstance(p, str) else "token" for p in parts))["widgets"]
+
+
+def test_the_engines_hit_rate_sits_beside_the_front_doors(default_templates):
+    widgets = _widgets(default_templates["observability"])
+    titles = [w["properties"].get("title") or w["properties"].get("markdown", "")[:40] for w in widgets]
+    (front_door,) = [i for i, t in enumerate(titles) if t.startswith("KV-cache hit rate")]
+    status, text = widgets[front_door + 1], widgets[front_door + 2]
+    assert status["type"] == "alarm" and status["properties"]["title"] == "Engine prefix-cache hit rate: alarms"
+    assert len(status["properties"]["alarms"]) == 2  # the hit rate and whether its metrics are published
+    assert text["type"] == "text" and text["properties"]["markdown"].startswith("**Engine prefix-cache hit rate**")
+    component = load_stage().component_name
+    label = f'"aws.sagemaker.inference_component.name"="{component}"'
+    query = (f'sum(rate({{"vllm:prefix_cache_hits", {label}}}[5m])) / '
+             f'sum(rate({{"vllm:prefix_cache_queries", {label}}}[5m]))')
+    assert f"`{query}`" in text["properties"]["markdown"]
+    row = widgets[front_door]["y"]
+    assert status["y"] == row and text["y"] == row + status["height"]  # one column, on the hit rate's row
+    assert status["x"] == text["x"] == widgets[front_door]["x"] + widgets[front_door]["width"]
+    assert status["height"] + text["height"] == widgets[front_door]["height"]

@@ -80,3 +80,23 @@ def test_an_alarm_set_and_a_dashboard_per_component(synthesized):
 
 def test_cdk_nag_is_clean_with_two_domains(synthesized):
     assert nag_report(synthesized[0])["violations"] == []
+
+
+def test_every_component_rolls_back_on_its_own_alarms_which_the_observability_stack_names(synthesized):
+    endpoint, observability = synthesized[1]["endpoint"], synthesized[1]["observability"]
+    components = endpoint.find_resources("AWS::SageMaker::InferenceComponent")
+    names = {a["Properties"].get("AlarmName") for a in observability.find_resources("AWS::CloudWatch::Alarm").values()}
+    for component in components.values():
+        props = component["Properties"]
+        ic = props["InferenceComponentName"]
+        rollback = [a["AlarmName"] for a in props["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]]
+        assert rollback == [f"{ic}-error-rate", f"{ic}-ttft-p50"]  # "<component>-<alarm>"
+        assert set(rollback) <= names
+        # The same placement and cache for every component (the endpoint's).
+        assert props["Specification"]["SchedulingConfig"]["PlacementStrategy"] == "SPREAD"
+        assert props["Specification"]["DataCacheConfig"] == {"EnableCaching": True}
+    # Names, not references: no import from the observability stack, which deploys first.
+    assert "Fn::ImportValue" not in json.dumps(endpoint.to_json())
+    stacks = synthesized[0]
+    assert stacks.observability in stacks.endpoint.dependencies
+    assert stacks.endpoint not in stacks.observability.dependencies

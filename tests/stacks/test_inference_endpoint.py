@@ -32,7 +32,7 @@ def test_endpoint_config_has_no_fixed_name_and_uses_enhanced_metrics_and_kms(def
     assert props["MetricsConfig"] == {
         "EnableEnhancedMetrics": True,
         "MetricPublishFrequencyInSeconds": 10,
-        "EnableDetailedObservability": False,
+        "EnableDetailedObservability": True,  # a vLLM stage: the engine's own hit rate
     }
     key_id, attribute = props["KmsKeyId"]["Fn::GetAtt"]
     assert attribute == "Arn"

@@ -17,11 +17,14 @@ from tests.stacks.conftest import findings, nag_report, stage_with, synth
 # Default stage, for contrast: prefix_length 4096, concurrency_threshold 10, target 4.0, block_bytes
 # 2048, tenancy iam, tenant header x-tenant-id, 512 MB, 120 s, concurrency 50, 30 days, replication
 # off / 4 replicas / factor 2.0 / half-life 60 s, alarms 2000 ms / hotspot x2.0 / hit rate 0.3 /
-# 1.0 % / 5 periods, 10 s metrics, 1-2 instances and copies.
+# 1.0 % / 5 periods, 10 s metrics, 1-2 instances and copies, SPREAD / zones within 1 / cache on, rolling
+# updates of 1 copy / 600 s bakes / 28800 s.
 WIRING = {
     "name": "wiring",
     "endpoint": {"instances_min": 2, "instances_max": 4, "copies_min": 2, "copies_max": 4,
-                 "scale_in_strategy": "CONSOLIDATION", "scale_in_cooldown_minutes": 30},
+                 "scale_in_strategy": "CONSOLIDATION", "scale_in_cooldown_minutes": 30,
+                 "placement": "BINPACK", "az_max_imbalance": 0, "data_cache": False},
+    "deployment": {"batch_size": 2, "wait_interval_s": 240, "timeout_s": 3600},
     "routing": {"strategy": "PREFIX_AWARE", "prefix_length": 8192, "concurrency_threshold": 24},
     "metrics": {"publish_frequency_s": 30, "detailed_observability": True},
     "scaling": {"target_concurrent_requests_per_copy": 6.0, "scale_out_cooldown_s": 120, "scale_in_cooldown_s": 600},
@@ -202,8 +205,33 @@ def test_alarm_threshold_is_the_stages(wiring, attribute, threshold):
 
 def test_exactly_these_alarm_thresholds(templates):
     alarms = templates["observability"].find_resources("AWS::CloudWatch::Alarm").values()
+    classic = [a for a in alarms if "EvaluationCriteria" not in a["Properties"]]
     # the stage's five, the capacity failures' 1, and the refused direct invocations' 1 (any one)
-    assert sorted(a["Properties"]["Threshold"] for a in alarms) == sorted([1500, 0.45, 18, 24, 2.5, 1, 1])
+    assert sorted(a["Properties"]["Threshold"] for a in classic) == sorted([1500, 0.45, 18, 24, 2.5, 1, 1])
+
+
+def test_the_engines_promql_alarms_read_the_stages_hit_rate_and_periods(templates):
+    alarms = templates["observability"].find_resources("AWS::CloudWatch::Alarm").values()
+    promql = {a["Properties"]["AlarmName"]: a["Properties"]["EvaluationCriteria"]["PromQLCriteria"]
+              for a in alarms if "EvaluationCriteria" in a["Properties"]}
+    assert set(promql) == {f"{COMPONENT_NAME}-engine-hit-rate", f"{COMPONENT_NAME}-engine-metrics-missing"}
+    hit_rate = promql[f"{COMPONENT_NAME}-engine-hit-rate"]
+    # minimum_hit_rate 0.45 over evaluation_periods 3 minutes (30 s publications fit twice in 1 minute)
+    assert hit_rate["Query"].endswith("[3m]))) < 0.45") and hit_rate["PendingPeriod"] == 180
+    assert f'"aws.sagemaker.inference_component.name"="{COMPONENT_NAME}"' in hit_rate["Query"]
+
+
+def test_the_components_update_is_the_stages_rolling_update(templates):
+    (component,) = templates["endpoint"].find_resources("AWS::SageMaker::InferenceComponent").values()
+    assert component["Properties"]["DeploymentConfig"] == {
+        "RollingUpdatePolicy": {"MaximumBatchSize": {"Type": "COPY_COUNT", "Value": 2}, "WaitIntervalInSeconds": 240,
+                                "MaximumExecutionTimeoutInSeconds": 3600},
+        "AutoRollbackConfiguration": {"Alarms": [{"AlarmName": f"{COMPONENT_NAME}-error-rate"},
+                                                 {"AlarmName": f"{COMPONENT_NAME}-ttft-p50"}]}}
+    specification = component["Properties"]["Specification"]
+    assert specification["SchedulingConfig"] == {
+        "PlacementStrategy": "BINPACK", "AvailabilityZoneBalance": {"EnforcementMode": "PERMISSIVE", "MaxImbalance": 0}}
+    assert specification["DataCacheConfig"] == {"EnableCaching": False}
 
 
 def test_alarm_descriptions_name_the_stages_thresholds(wiring):

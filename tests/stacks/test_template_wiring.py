@@ -28,7 +28,7 @@ from stacks.constructs.copy_autoscaling import CopyAutoscaling
 from stacks.constructs.inference_endpoint import InferenceEndpoint, container_environment
 from stacks.constructs.limits_table import TenantLimitsTable
 from stacks.constructs.log_insights import RequestLogInsights, top_prefixes_query
-from stacks.metrics import NormalizerMetrics, SageMakerMetrics
+from stacks.metrics import EngineMetrics, NormalizerMetrics, SageMakerMetrics
 
 IC, EP = "ic-test", "ep-test"
 # Distinct values everywhere, so that one setting read for another shows.
@@ -46,7 +46,7 @@ def _alarms(routing=PREFIX_AWARE, *, settings=ALARMS, scaling=SCALING, **flags):
     limits_enabled (left out: the construct's defaults)."""
     stack = Stack(App(), "Alarms")
     topic = sns.Topic(stack, "Topic")
-    alarms = RoutingAlarms(stack, "A", normalizer=NormalizerMetrics(component_name=IC),
+    alarms = RoutingAlarms(stack, "A", component_name=IC, normalizer=NormalizerMetrics(component_name=IC),
                            sagemaker=SageMakerMetrics(endpoint_name=EP, component_name=IC), settings=settings,
                            routing=routing, scaling=scaling, topic=topic, **flags)
     template = Template.from_stack(stack)
@@ -236,12 +236,58 @@ def test_with_limits_one_store_error_alarms_over_the_evaluation_periods(with_lim
 
 
 # An alarm's logical id is its name in CloudWatch (``<stack>-<logical id>-<suffix>``, what ``verify``
-# reports as "alarm default-TtftP50"), and renaming it replaces the alarm in a deployed stack (its
-# history and state go with it). Construct "A" + the alarm's id + CDK's 8-hex hash of the path.
+# reports as "alarm default-Hotspot…") unless it has a fixed name (below), and renaming it replaces the
+# alarm in a deployed stack (its history and state go with it). Construct "A" + the alarm's id + CDK's
+# 8-hex hash of the path.
 ALARM_IDS = {"ttft_p50": "TtftP50", "hit_rate": "HitRate", "hotspot": "Hotspot",
              "pinned_at_threshold": "PinnedAtThreshold", "error_rate": "ErrorRate",
              "capacity_failures": "CapacityFailures", "refused_direct_invocations": "RefusedDirectInvocations",
              "limiter_store_errors": "LimiterStoreErrors"}
+
+
+def test_the_rollback_alarms_have_the_names_the_components_deployment_config_uses(prefix_aware):
+    alarms, template, _ = prefix_aware
+    assert _props(template, alarms.ttft_p50)["AlarmName"] == "ic-test-ttft-p50"
+    assert _props(template, alarms.error_rate)["AlarmName"] == "ic-test-error-rate"
+    assert alarms.rollback == [alarms.error_rate, alarms.ttft_p50]
+    named = [a for a in template.find_resources("AWS::CloudWatch::Alarm").values() if "AlarmName" in a["Properties"]]
+    assert len(named) == 2  # the others are named by CloudFormation
+    assert alarms.engine_hit_rate is None and alarms.engine_metrics_missing is None  # no engine: none
+
+
+ENGINE_SELECTOR = '{{"vllm:prefix_cache_{}", "aws.sagemaker.inference_component.name"="ic-test"}}'
+
+
+def test_the_engines_hit_rate_alarm_is_a_promql_query_below_the_minimum_hit_rate():
+    # 60 s publications: the rate window is the 3 evaluation periods (two publications fit in it).
+    alarms, template, topic = _alarms(engine=EngineMetrics(component_name=IC, publish_frequency_s=60))
+    props = _props(template, alarms.engine_hit_rate)
+    hits, queries = ENGINE_SELECTOR.format("hits"), ENGINE_SELECTOR.format("queries")
+    assert props["EvaluationCriteria"] == {"PromQLCriteria": {
+        "Query": f"(sum(rate({hits}[3m])) / sum(rate({queries}[3m]))) < 0.35",
+        "PendingPeriod": 180, "RecoveryPeriod": 180}}
+    assert props["EvaluationInterval"] == 60 and props["AlarmName"] == "ic-test-engine-hit-rate"
+    assert props["AlarmActions"] == [{"Ref": topic}] and props["OKActions"] == [{"Ref": topic}]
+    assert "below 0.35 for 3 minutes" in props["AlarmDescription"]
+    assert not {"MetricName", "Metrics", "Threshold"} & set(props)
+    assert alarms.engine_hit_rate in alarms.all and alarms.engine_metrics_missing not in alarms.all
+
+
+def test_the_engines_metrics_missing_alarm_is_absent_over_its_queries_and_notifies_no_one():
+    alarms, template, _ = _alarms(engine=EngineMetrics(component_name=IC, publish_frequency_s=10))
+    props = _props(template, alarms.engine_metrics_missing)
+    assert props["EvaluationCriteria"] == {"PromQLCriteria": {
+        "Query": f"absent({ENGINE_SELECTOR.format('queries')})", "PendingPeriod": 180, "RecoveryPeriod": 60}}
+    assert props["AlarmName"] == "ic-test-engine-metrics-missing" and props["EvaluationInterval"] == 60
+    assert not {"AlarmActions", "OKActions", "InsufficientDataActions"} & set(props)
+    assert len(template.find_resources("AWS::CloudWatch::Alarm")) == len(alarms.all) + 1
+
+
+def test_the_engines_rate_window_holds_two_publications():
+    engine = EngineMetrics(component_name=IC, publish_frequency_s=300)  # 2 x 300 s = 10 minutes
+    assert "[10m]" in engine.hit_rate(3) and "[10m]" in engine.hit_rate(10) and "[12m]" in engine.hit_rate(12)
+    assert "[1m]" in EngineMetrics(component_name=IC, publish_frequency_s=30).hit_rate(1)
+    assert "[2m]" in EngineMetrics(component_name=IC, publish_frequency_s=60).hit_rate(1)
 
 
 def test_every_alarm_keeps_its_logical_id(with_limits):
@@ -468,25 +514,32 @@ HF_MODEL = {"framework": "vllm", "image_repository": "vllm", "image_tag": "serve
             "memory_per_copy_mb": 40960, "startup_health_check_timeout_s": 1200,
             "environment": {"SM_VLLM_MAX_MODEL_LEN": "8192", "SM_VLLM_ENABLE_PREFIX_CACHING": "false"}}
 HF_ENDPOINT = {"instance_type": "ml.g6e.12xlarge", "instances_min": 1, "instances_max": 3, "copies_min": 2,
-               "copies_max": 3, "scale_in_strategy": "CONSOLIDATION", "scale_in_cooldown_minutes": 20}
+               "copies_max": 3, "scale_in_strategy": "CONSOLIDATION", "scale_in_cooldown_minutes": 20,
+               "placement": "BINPACK", "az_max_imbalance": 3, "data_cache": False}
+HF_DEPLOYMENT = {"batch_type": "CAPACITY_PERCENT", "batch_size": 25, "wait_interval_s": 420, "timeout_s": 7200}
 S3_MODEL = {"framework": "djl-lmi", "image_repository": "djl-inference", "image_tag": "0.33.0-lmi15.0.0-cu128",
             "model_id": None, "model_s3_uri": "s3://my-weights/llama/8b/"}
 S3_ENDPOINT = {"instance_type": "ml.g6e.xlarge", "instances_min": 0, "instances_max": 2, "copies_min": 0,
                "copies_max": 2}
 
 
-def _endpoint(model, endpoint, routing, metrics=None):
+ROLLBACK = ["ic-test-errors", "ic-test-ttft"]  # any names: the construct writes what it is given
+
+
+def _endpoint(model, endpoint, routing, metrics=None, deployment=None):
     """(the construct, {logical id: resource}) of an InferenceEndpoint in a stack of its own."""
     sections = {"model": model, "endpoint": endpoint, "routing": routing}
     if metrics:
         sections["metrics"] = metrics
+    if deployment:
+        sections["deployment"] = deployment
     config = parse_stage({**{k: v for k, v in DEFAULT_STAGE_DATA.items() if k not in sections}, **sections},
                          source="test")
     stack = Stack(App(), "Endpoint")
     (plan,) = config.components()  # one component, named as the tests expect
     built = InferenceEndpoint(stack, "I", endpoint_name=EP, components=[dataclasses.replace(plan, name=IC)],
                               model=config.model, endpoint=config.endpoint, routing=config.routing,
-                              metrics=config.metrics)
+                              metrics=config.metrics, deployment=config.deployment, rollback_alarms={IC: ROLLBACK})
     return built, Template.from_stack(stack).to_json()["Resources"]
 
 
@@ -503,7 +556,7 @@ def _by_type(resources) -> dict:
 def test_an_hf_model_serves_prefix_aware_from_the_regional_dlc_image():
     built, resources = _endpoint(HF_MODEL, HF_ENDPOINT,
                                  {"strategy": "PREFIX_AWARE", "prefix_length": 8192, "concurrency_threshold": 12},
-                                 {"publish_frequency_s": 30, "detailed_observability": True})
+                                 {"publish_frequency_s": 30, "detailed_observability": True}, HF_DEPLOYMENT)
     kinds = _by_type(resources)
     assert sorted(kinds) == ["IAM::Policy", "IAM::Role", "KMS::Key", "SageMaker::Endpoint",
                              "SageMaker::EndpointConfig", "SageMaker::InferenceComponent", "SageMaker::Model"]
@@ -552,8 +605,15 @@ def test_an_hf_model_serves_prefix_aware_from_the_regional_dlc_image():
             "ModelName": f"${{{model_id}.ModelName}}",
             "ComputeResourceRequirements": {"NumberOfAcceleratorDevicesRequired": 4, "MinMemoryRequiredInMb": 40960},
             "StartupParameters": {"ContainerStartupHealthCheckTimeoutInSeconds": 1200,
-                                  "ModelDataDownloadTimeoutInSeconds": 1200}},
-        "RuntimeConfig": {"CopyCount": 2}}
+                                  "ModelDataDownloadTimeoutInSeconds": 1200},
+            "SchedulingConfig": {"PlacementStrategy": "BINPACK",
+                                 "AvailabilityZoneBalance": {"EnforcementMode": "PERMISSIVE", "MaxImbalance": 3}},
+            "DataCacheConfig": {"EnableCaching": False}},
+        "RuntimeConfig": {"CopyCount": 2},
+        "DeploymentConfig": {
+            "RollingUpdatePolicy": {"MaximumBatchSize": {"Type": "CAPACITY_PERCENT", "Value": 25},
+                                    "WaitIntervalInSeconds": 420, "MaximumExecutionTimeoutInSeconds": 7200},
+            "AutoRollbackConfiguration": {"Alarms": [{"AlarmName": "ic-test-errors"}, {"AlarmName": "ic-test-ttft"}]}}}
 
     key_props = kinds["KMS::Key"][1]["Properties"]
     assert key_props["EnableKeyRotation"] is True and key_props["Description"] == f"Storage volumes of endpoint {EP}"
@@ -617,7 +677,19 @@ def test_weights_in_s3_are_read_from_their_prefix_only_and_lmi_serves_them_rando
     assert variant["RoutingConfig"] == {"RoutingStrategy": "RANDOM"}
     assert variant["InitialInstanceCount"] == 1 and variant["ManagedInstanceScaling"]["MinInstanceCount"] == 0
     assert variant["ManagedInstanceScaling"]["ScaleInPolicy"] == {"Strategy": "IDLE_RELEASE", "CooldownInMinutes": 15}
-    assert kinds["SageMaker::InferenceComponent"][1]["Properties"]["RuntimeConfig"] == {"CopyCount": 1}
+    component = kinds["SageMaker::InferenceComponent"][1]["Properties"]
+    assert component["RuntimeConfig"] == {"CopyCount": 1}
+    # The defaults (docs/configuration.md): copies spread over instances, zones within one copy of each
+    # other, artifacts cached; a rolling update one copy at a time, 600 s bakes, 8 hours at most; an
+    # LMI stage leaves detailed observability off (its engine's counters are vLLM's only).
+    assert component["Specification"]["SchedulingConfig"] == {
+        "PlacementStrategy": "SPREAD", "AvailabilityZoneBalance": {"EnforcementMode": "PERMISSIVE", "MaxImbalance": 1}}
+    assert component["Specification"]["DataCacheConfig"] == {"EnableCaching": True}
+    assert component["DeploymentConfig"] == {
+        "RollingUpdatePolicy": {"MaximumBatchSize": {"Type": "COPY_COUNT", "Value": 1}, "WaitIntervalInSeconds": 600,
+                                "MaximumExecutionTimeoutInSeconds": 28800},
+        "AutoRollbackConfiguration": {"Alarms": [{"AlarmName": name} for name in ROLLBACK]}}
+    assert kinds["SageMaker::EndpointConfig"][1]["Properties"]["MetricsConfig"]["EnableDetailedObservability"] is False
     statements = _statements(resources)
     assert statements[0]["Resource"] == "arn:${AWS::Partition}:ecr:${AWS::Region}:${DLC}:repository/djl-inference"
     assert statements[2:4] == [
@@ -626,6 +698,39 @@ def test_weights_in_s3_are_read_from_their_prefix_only_and_lmi_serves_them_rando
          "Condition": {"StringLike": {"s3:prefix": ["llama/8b/*"]}}},
     ]
     assert len(statements) == 7  # and otherwise those of an HF model's role
+
+
+def test_without_a_rolling_update_the_component_has_no_deployment_config():
+    _, resources = _endpoint(HF_MODEL, HF_ENDPOINT, {"strategy": "RANDOM", "prefix_length": None,
+                                                     "concurrency_threshold": None},
+                             deployment={"rolling_update": False})
+    (component,) = [r["Properties"] for r in resources.values() if r["Type"] == "AWS::SageMaker::InferenceComponent"]
+    assert "DeploymentConfig" not in component and component["Specification"]["DataCacheConfig"] == {
+        "EnableCaching": False}
+
+
+def test_a_rolling_update_without_alarms_has_no_auto_rollback():
+    stack = Stack(App(), "Endpoint")
+    config = parse_stage(DEFAULT_STAGE_DATA, source="test")
+    (plan,) = config.components()
+    InferenceEndpoint(stack, "I", endpoint_name=EP, components=[plan], model=config.model, endpoint=config.endpoint,
+                      routing=config.routing, metrics=config.metrics, deployment=config.deployment,
+                      rollback_alarms={plan.name: []})
+    (component,) = Template.from_stack(stack).find_resources("AWS::SageMaker::InferenceComponent").values()
+    assert component["Properties"]["DeploymentConfig"] == {"RollingUpdatePolicy": {
+        "MaximumBatchSize": {"Type": "COPY_COUNT", "Value": 1}, "WaitIntervalInSeconds": 600,
+        "MaximumExecutionTimeoutInSeconds": 28800}}
+    # The default vLLM stage turns detailed observability on (the engine's hit rate).
+    (endpoint_config,) = Template.from_stack(stack).find_resources("AWS::SageMaker::EndpointConfig").values()
+    assert endpoint_config["Properties"]["MetricsConfig"]["EnableDetailedObservability"] is True
+
+
+def test_every_component_needs_its_rollback_alarms_named():
+    config = parse_stage(DEFAULT_STAGE_DATA, source="test")
+    with pytest.raises(ValueError, match="rollback_alarms names no alarms list for default-prefix-llm-ic"):
+        InferenceEndpoint(Stack(App(), "Endpoint"), "I", endpoint_name=EP, components=config.components(),
+                          model=config.model, endpoint=config.endpoint, routing=config.routing, metrics=config.metrics,
+                          deployment=config.deployment, rollback_alarms={})
 
 
 def test_container_environment_turns_on_prefix_caching_per_framework():

@@ -53,3 +53,17 @@ def test_verify_finds_the_metrics_of_the_synthesized_alarms_and_dashboard(defaul
     per_instance = [n for n in needs if n.schema]
     assert per_instance and all(dict(n.values).get("InferenceComponentName") for n in per_instance)
     assert len(labels) >= 12, sorted(labels)
+
+
+def test_verify_finds_the_engine_metrics_alarm_by_its_name_and_it_watches_their_absence(default_templates):
+    from prefix_routing.stage.config import ENGINE_METRICS_ALARM, alarm_name, load_stage
+
+    config = load_stage()
+    alarms = {a["Properties"].get("AlarmName"): a["Properties"]
+              for a in default_templates["observability"].find_resources("AWS::CloudWatch::Alarm").values()}
+    for plan in config.components():
+        engine = alarms[alarm_name(plan.name, ENGINE_METRICS_ALARM)]
+        assert engine["EvaluationCriteria"]["PromQLCriteria"]["Query"].startswith("absent(")
+        assert plan.name in engine["EvaluationCriteria"]["PromQLCriteria"]["Query"]
+        for rollback in config.rollback_alarm_names(plan.name):
+            assert rollback in alarms  # what the component's DeploymentConfig names

@@ -84,8 +84,11 @@ def test_routing_identity_rejects_bad_arguments(tenant, application, key):
 
 
 def test_routing_identity_validates_its_fields():
-    with pytest.raises(ValueError, match="prefix_aware_id"):
+    with pytest.raises(ValueError, match="prefix_aware_id") as raised:
         RoutingIdentity("has space", "salt")
+    # Stricter than SageMaker's rule, and the message says both.
+    assert "allowed: 1-64 printable ASCII characters without spaces" in str(raised.value)
+    assert r"\A\S[\p{Print}]*\z" in str(raised.value) and "the first not whitespace" in str(raised.value)
     with pytest.raises(ValueError, match="prefix_aware_id"):
         RoutingIdentity("x" * 65, "salt")
     with pytest.raises(ValueError, match="cache_salt"):

@@ -37,7 +37,9 @@ _DELETE = object()
         ("routing.prefix_length", "4096", "routing.prefix_length = '4096': Input should be a valid integer"),
         ("endpoint.instance_type", _DELETE, "stage.toml: endpoint.instance_type: required field is missing"),
         ("routing.concurrency_threshold", None, "routing: PREFIX_AWARE needs both prefix_length (1024-65536) and concurrency_threshold (1-1024)"),
-        ("routing.strategy", "KV_AWARE", "routing.strategy = 'KV_AWARE': KV_AWARE is known to the SageMaker API but CloudFormation"),
+        ("routing.strategy", "KV_AWARE", "routing.strategy = 'KV_AWARE': KV_AWARE is known to the SageMaker API, but "
+         "CloudFormation's resource schema does not list it and cfn-lint rejects it (E3030; CDK's synth-time check "
+         "only warns, W3030)"),
         ("routing.strategy", "ROUND_ROBIN", "routing.strategy = 'ROUND_ROBIN': must be one of RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE"),
         ("model.image_tag", "latest", "model.image_tag = 'latest': pin a tag"),
         ("alarms.emails", ["not-an-address"], "alarms.emails.0 = 'not-an-address': String should match pattern"),
@@ -73,8 +75,9 @@ def test_the_embedded_default_is_valid_and_lets_routing_matter():
 def test_warning_when_one_copy_serves_at_rest():
     data = _with("endpoint.copies_min", 1)
     config = parse_stage(data, source="s.toml")
-    (warning,) = config.warnings
+    warning, batch = config.warnings  # and a rolling update's one-copy batch is all of one copy
     assert "no effect at rest: endpoint.copies_min = 1" in warning and "set copies_min = 2" in warning
+    assert batch.startswith("deployment.batch_size 1 (COPY_COUNT)")
 
 
 def test_several_copies_on_one_instance_at_rest_is_uncertain():

@@ -30,7 +30,10 @@ PER_INSTANCE = ('SELECT MAX(ConcurrentRequestsPerCopy) FROM SCHEMA("AWS/SageMake
                 f"WHERE InferenceComponentName = '{IC}' GROUP BY InstanceId ORDER BY MAX() DESC")
 REQUESTS_PER_INSTANCE = ('SELECT SUM(Invocations) FROM SCHEMA("AWS/SageMaker", InferenceComponentName, InstanceId) '
                          f"WHERE InferenceComponentName = '{IC}' GROUP BY InstanceId ORDER BY SUM() DESC")
-ALARMS = ["default-TtftP50-XYZ", "default-Hotspot-XYZ"]
+ENGINE_ALARM = f"{IC}-engine-metrics-missing"  # the PromQL alarm on the engine's metrics' absence
+ALARMS = ["default-TtftP50-XYZ", "default-Hotspot-XYZ", ENGINE_ALARM]
+ENGINE_ABSENT = ('absent({"vllm:prefix_cache_queries", "aws.sagemaker.inference_component.name"="'
+                 f'{IC}"}})')
 #: The ListMetrics calls verify makes, in order (the alarms' metrics, then the dashboard's new ones).
 METRIC_CALLS = [
     ("PrefixRouting", "TimeToFirstToken", [{"Name": "InferenceComponent", "Value": IC}], {"InferenceComponent"}),
@@ -65,20 +68,30 @@ def healthy() -> dict:
             "MetricName": "TimeToFirstToken", "Dimensions": [{"Name": "InferenceComponent", "Value": IC}]}
     hotspot = {"AlarmName": ALARMS[1], "StateValue": "OK", "StateReason": "fine",
                "Metrics": [{"Id": "expr_1", "Expression": PER_INSTANCE, "Period": 60}]}
+    engine = {"AlarmName": ENGINE_ALARM, "StateValue": "OK", "StateReason": "no contributor breaching",
+              "EvaluationCriteria": {"PromQLCriteria": {"Query": ENGINE_ABSENT, "PendingPeriod": 300}},
+              "EvaluationInterval": 60}
     return {
         "sagemaker": {
             "describe_endpoint": [{"EndpointName": EP, "EndpointArn": _arn("endpoint", EP),
                                    "EndpointConfigName": "EndpointConfig-1", "EndpointStatus": "InService",
-                                   "CreationTime": NOW, "LastModifiedTime": NOW}],
+                                   "CreationTime": NOW, "LastModifiedTime": NOW,
+                                   "ProductionVariants": [{"VariantName": "AllTraffic", "CurrentInstanceCount": 2,
+                                                           "DesiredInstanceCount": 2}]}],
             "describe_endpoint_config": [{"EndpointConfigName": "EndpointConfig-1",
                                           "EndpointConfigArn": _arn("endpoint-config", "endpointconfig-1"),
                                           "ProductionVariants": [variant], "CreationTime": NOW,
-                                          "MetricsConfig": {"EnableEnhancedMetrics": True}}],
+                                          "MetricsConfig": {"EnableEnhancedMetrics": True,
+                                                            "EnableDetailedObservability": True}}],
             "describe_inference_component": [{
                 "InferenceComponentName": IC, "InferenceComponentArn": _arn("inference-component", IC),
                 "EndpointName": EP, "EndpointArn": _arn("endpoint", EP), "CreationTime": NOW, "LastModifiedTime": NOW,
-                "InferenceComponentStatus": "InService", "Specification": {"ModelName": "Model-1"},
-                "RuntimeConfig": {"DesiredCopyCount": 2, "CurrentCopyCount": 2}}],
+                "InferenceComponentStatus": "InService",
+                "Specification": {"ModelName": "Model-1", "SchedulingConfig": {
+                    "PlacementStrategy": "SPREAD",
+                    "AvailabilityZoneBalance": {"EnforcementMode": "PERMISSIVE", "MaxImbalance": 1}}},
+                "RuntimeConfig": {"DesiredCopyCount": 2, "CurrentCopyCount": 2, "PlacementStatus": [
+                    {"InstanceType": CONFIG.endpoint.instance_type, "CurrentCopyCount": 2}]}}],
             "describe_model": [{"ModelName": "Model-1", "ModelArn": _arn("model", "model-1"), "CreationTime": NOW,
                                 "PrimaryContainer": {"Image": IMAGE}}],
         },
@@ -94,7 +107,7 @@ def healthy() -> dict:
                                                  {"OutputKey": "FunctionUrl", "OutputValue": FUNCTION_URL}]}]}],
         },
         "cloudwatch": {
-            "describe_alarms": [{"MetricAlarms": [ttft, hotspot]}],
+            "describe_alarms": [{"MetricAlarms": [ttft, hotspot, engine]}],
             "get_dashboard": [{"DashboardName": CONFIG.dashboard_name, "DashboardBody": json.dumps(dashboard)}],
             "list_metrics": [{"Metrics": [{"Namespace": ns, "MetricName": name, "Dimensions": [
                 {"Name": d, "Value": IC if d.startswith("Inference") else "i-0abc"} for d in sorted(dims)]}]}

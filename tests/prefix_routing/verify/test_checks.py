@@ -59,13 +59,13 @@ def test_an_error_code_is_the_services_else_the_exceptions_name():
 
 @pytest.mark.parametrize("code", ["AccessDenied", "AccessDeniedException", "UnauthorizedOperation"])
 def test_an_endpoint_verify_may_not_read_is_a_question(code):
-    checks, endpoint_config = deployment.check_endpoint(Client(describe_endpoint=AwsError(code)), CONFIG)
+    checks, endpoint_config, _ = deployment.check_endpoint(Client(describe_endpoint=AwsError(code)), CONFIG)
     assert checks == [unknown(f"endpoint {EP}", f"not allowed to read it ({code})", "grant sagemaker:DescribeEndpoint")]
     assert endpoint_config is None
 
 
 def test_a_missing_endpoint_is_a_failure_with_the_deploy_command():
-    checks, endpoint_config = deployment.check_endpoint(Client(describe_endpoint=AwsError("ValidationException")),
+    checks, endpoint_config, _ = deployment.check_endpoint(Client(describe_endpoint=AwsError("ValidationException")),
                                                         CONFIG)
     assert checks == [fail(f"endpoint {EP}", "not found (ValidationException)", DEPLOY)] and endpoint_config is None
 
@@ -77,7 +77,7 @@ def test_a_missing_endpoint_is_a_failure_with_the_deploy_command():
 def test_an_endpoint_not_in_service_is_a_failure_and_its_config_is_still_read(answer, detail):
     sagemaker = Client(describe_endpoint={"EndpointConfigName": "ec-1", **answer},
                        describe_endpoint_config={"EndpointConfigName": "ec-1"})
-    checks, endpoint_config = deployment.check_endpoint(sagemaker, CONFIG)
+    checks, endpoint_config, _ = deployment.check_endpoint(sagemaker, CONFIG)
     (check,) = checks
     assert (check.status, check.title, check.detail) == (FAIL, f"endpoint {EP}", detail)
     assert f"/aws/sagemaker/Endpoints/{EP}" in check.fix and "FailureReason" in check.fix
@@ -89,7 +89,7 @@ def test_an_endpoint_not_in_service_is_a_failure_and_its_config_is_still_read(an
 def test_an_endpoint_config_verify_cannot_read_is_a_question():
     sagemaker = Client(describe_endpoint={"EndpointConfigName": "ec-1", "EndpointStatus": "InService"},
                        describe_endpoint_config=AwsError("AccessDeniedException"))
-    checks, endpoint_config = deployment.check_endpoint(sagemaker, CONFIG)
+    checks, endpoint_config, _ = deployment.check_endpoint(sagemaker, CONFIG)
     assert checks == [ok(f"endpoint {EP}", "InService"),
                       unknown("endpoint config", "cannot read it (AccessDeniedException)",
                               "grant sagemaker:DescribeEndpointConfig")]
@@ -99,14 +99,14 @@ def test_an_endpoint_config_verify_cannot_read_is_a_question():
 # ----------------------------------------------------------------------------- the endpoint config
 
 
-def endpoint_config(*, routing=None, metrics=True, scaling=("ENABLED", 2, 3)) -> dict:
+def endpoint_config(*, routing=None, metrics=True, detailed=True, scaling=("ENABLED", 2, 3)) -> dict:
     variant = {"ManagedInstanceScaling": {"Status": scaling[0], "MinInstanceCount": scaling[1],
                                           "MaxInstanceCount": scaling[2]}}
     if routing is not None:
         variant["RoutingConfig"] = routing
     config = {"ProductionVariants": [variant]}
     if metrics is not None:
-        config["MetricsConfig"] = {"EnableEnhancedMetrics": metrics}
+        config["MetricsConfig"] = {"EnableEnhancedMetrics": metrics, "EnableDetailedObservability": detailed}
     return config
 
 
@@ -119,12 +119,36 @@ def by_title(checks, title):
     return check
 
 
-def test_an_endpoint_config_as_the_stage_says_is_three_ticks():
+def test_an_endpoint_config_as_the_stage_says_is_four_ticks():
     assert deployment.check_endpoint_config(endpoint_config(routing=PREFIX_AWARE), CONFIG) == [
         ok("routing strategy", "PREFIX_AWARE, PrefixLength 4096, ConcurrencyThreshold 10"),
         ok("enhanced metrics", "on (per-instance series for the hotspot alarms)"),
+        ok("detailed observability", "on (the engine's own metrics, billed per GB ingested)"),
         ok("managed instance scaling", "2 to 3 instances"),
     ]
+
+
+METRICS_FIX = "redeploy the stage (npx cdk deploy -c stage=default): a metrics change replaces the endpoint config"
+
+
+@pytest.mark.parametrize("detailed", [False, None])
+def test_detailed_observability_off_where_the_stage_wants_it_is_a_failure(detailed):
+    config = endpoint_config(routing=PREFIX_AWARE, detailed=detailed)
+    if detailed is None:
+        del config["MetricsConfig"]["EnableDetailedObservability"]
+    check = by_title(deployment.check_endpoint_config(config, CONFIG), "detailed observability")
+    assert check == fail("detailed observability",
+                         "off: the engine's prefix-cache hit rate (its widget and alarms) has no data", METRICS_FIX)
+
+
+def test_detailed_observability_on_where_the_stage_turns_it_off_is_a_failure_it_costs():
+    off = CONFIG.model_copy(update={"metrics": CONFIG.metrics.model_copy(update={"detailed_observability": False})})
+    checks = deployment.check_endpoint_config(endpoint_config(routing=PREFIX_AWARE), off)
+    assert by_title(checks, "detailed observability") == fail(
+        "detailed observability", "on, the stage says off: OpenTelemetry metrics are billed per GB ingested",
+        METRICS_FIX)
+    checks = deployment.check_endpoint_config(endpoint_config(routing=PREFIX_AWARE, detailed=False), off)
+    assert by_title(checks, "detailed observability") == ok("detailed observability", "off, as the stage says")
 
 
 @pytest.mark.parametrize("routing, detail", [
@@ -169,7 +193,7 @@ def test_managed_scaling_must_be_on_with_the_stages_instance_bounds(scaling):
 
 def test_an_endpoint_config_without_variants_reads_as_defaults():
     checks = deployment.check_endpoint_config({}, CONFIG)
-    assert [c.status for c in checks] == [FAIL, FAIL, FAIL]
+    assert [c.status for c in checks] == [FAIL, FAIL, FAIL, FAIL]
     assert by_title(checks, "managed instance scaling").detail.startswith("None with None to None instances")
 
 
@@ -454,9 +478,12 @@ def test_a_stack_with_no_alarms_asks_cloudwatch_for_none_and_a_missing_dashboard
     cloudformation = Client(list_stack_resources={"StackResourceSummaries": []})
     cloudwatch = Client(get_dashboard=AwsError("ResourceNotFound"))
     checks = monitoring.check_monitoring(cloudformation, cloudwatch, CONFIG)
+    redeploy = "npx cdk deploy PrefixRouting-default-Observability -c stage=default"
     assert checks == [fail(f"dashboard {CONFIG.dashboard_name}", "not found (ResourceNotFound)",
-                           "deploy the observability stack: npx cdk deploy PrefixRouting-default-Observability "
-                           "-c stage=default")]
+                           f"deploy the observability stack: {redeploy}"),
+                      fail(f"engine prefix-cache metrics {IC}", f"alarm {IC}-engine-metrics-missing is not in the "
+                           "stack PrefixRouting-default-Observability: nothing watches the engine's hit rate",
+                           f"redeploy the observability stack: {redeploy}")]
     assert [name for name, _ in cloudwatch.calls] == ["get_dashboard"]
 
 

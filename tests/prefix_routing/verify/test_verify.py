@@ -34,8 +34,11 @@ def test_a_healthy_deployment_is_all_ticks_and_every_call_was_made():
     assert "✔ routing strategy: PREFIX_AWARE, PrefixLength 4096, ConcurrencyThreshold 10" in text
     assert exit_status(checks) == 0
     assert json.loads(render_json(checks))["failed"] == 0
-    # 4 from SageMaker/ECR, 1 routing + metrics + scaling, dashboard, 4 metrics, 2 alarms, the function
-    assert len(checks) == 15
+    # 5 from SageMaker/ECR (endpoint, component, copies, placement, image), routing + metrics + detailed
+    # observability + scaling, dashboard, 4 metrics, the engine's metrics, 2 alarms, the function
+    assert len(checks) == 18
+    assert "✔ copy placement: 2 copies (2 on ml.g6e.xlarge), 2 instances in service, placement SPREAD" in text
+    assert f"✔ engine prefix-cache metrics {IC}: published" in text
 
 
 def _failure(checks, prefix, *, detail, fix):
