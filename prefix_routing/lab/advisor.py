@@ -76,12 +76,13 @@ def advise(
     grid_lengths = sorted({*prefix_lengths, config.prefix_length})
     grid_thresholds = sorted({*(t for t in thresholds if t >= min_threshold), config.concurrency_threshold})
     deployed = (config.replication,)  # the front door's replication as deployed
+    memo: dict = {}  # the two passes share simulations (the best length at the current threshold) and keys
     by_length = tune(trace, current_config, prefix_lengths=grid_lengths,
-                     thresholds=[config.concurrency_threshold], baselines=(), replications=deployed)
+                     thresholds=[config.concurrency_threshold], baselines=(), replications=deployed, memo=memo)
     current = next(p for p in by_length["points"] if p["prefix_length"] == config.prefix_length)
     tuned = tune(trace, current_config, prefix_lengths=[by_length["recommendation"]["prefix_length"]],
                  thresholds=grid_thresholds, baselines=(Strategy.RANDOM,), replications=deployed,
-                 reuse_share=reuse["prefix_reuse"])
+                 reuse_share=reuse["prefix_reuse"], memo=memo)
     best = _choose(tuned["recommendation"], current, by_length["points"] + tuned["points"], settings)
     kept = best is current
     gain_points, ttft_gain = _gains(best, current)

@@ -30,6 +30,7 @@ def tune(
     replications: Sequence[ReplicationSettings | None] = (None,),
     reuse_share: float | None = None,
     limits: LimitSettings | None = None,
+    memo: dict | None = None,
 ) -> dict:
     """Sweep PREFIX_AWARE over PrefixLength × ConcurrencyThreshold (× hot-prefix replication: None
     for off, or settings to try), plus baseline strategies. With RANDOM among them the result has
@@ -41,7 +42,9 @@ def tune(
     found, the one with the lowest P50 TTFT (ties: higher hit rate, lower imbalance, shorter
     PrefixLength, then the lowest threshold: of settings that behave alike on the trace, the one
     that caps a hot copy's queue soonest). PrefixLengths that key the same number of blocks behave
-    identically and are simulated once.
+    identically and are simulated once. ``memo``: a dict kept between calls on the same trace, fleet
+    and limits (the advisor's coordinate search), so that a setting simulated before is not simulated
+    again and each key length's routing keys are computed once.
     """
     for pl in prefix_lengths:
         if not PREFIX_LENGTH_RANGE[0] <= pl <= PREFIX_LENGTH_RANGE[1]:
@@ -68,11 +71,17 @@ def tune(
             # (fixed copies where autoscaling is not modelled)
             r = simulate(trace, for_strategy(config, s), speed=speed, bar=bar, limits=limits)
             baseline_rows.append(_point(r, None))
-        cache: dict[tuple, SimResult] = {}
+        cache: dict[tuple, SimResult] = {} if memo is None else memo
         for k, pl in by_blocks.items():
-            keys = trace_keys(trace, k)
+            keys = cache.get(("keys", k))
+            if keys is None:
+                keys = cache["keys", k] = trace_keys(trace, k)
             for t in thresholds:
                 for rep in replications:
+                    if (k, t, rep) in cache:
+                        if bar is not None:
+                            bar.update(len(trace))
+                        continue
                     cfg = replace(config, strategy=Strategy.PREFIX_AWARE, prefix_length=pl, concurrency_threshold=t,
                                   replication=rep)
                     cache[(k, t, rep)] = simulate(trace, cfg, speed=speed, keys=keys, bar=bar, limits=limits)

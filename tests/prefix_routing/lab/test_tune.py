@@ -61,3 +61,23 @@ def test_tune_sweeps_replication_and_recommends_it_when_only_it_meets_the_imbala
     # Without a sweep the snippet is the routing table alone, as before.
     plain = tune(trace, spec.fleet_config(seed=1), prefix_lengths=[4096], thresholds=[10], baselines=())
     assert "replication" not in plain["snippet"] and plain["recommendation"]["replication"] is None
+
+
+def test_a_memo_kept_between_calls_simulates_each_setting_once_with_the_same_points(mooncake_slice, monkeypatch):
+    import sys
+
+    tune_module = sys.modules["prefix_routing.lab.tune"]
+    calls = []
+    real = tune_module.simulate
+    monkeypatch.setattr(tune_module, "simulate", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    trace, config = mooncake_slice.head(300), FleetConfig(instances=4)
+    memo: dict = {}
+    first = lab.tune(trace, config, prefix_lengths=[1024, 4096], thresholds=[8], baselines=(), memo=memo)
+    assert len(calls) == 2
+    # The second pass repeats (4096, 8) and adds (4096, 2): one new simulation only.
+    second = lab.tune(trace, config, prefix_lengths=[4096], thresholds=[2, 8], baselines=(), memo=memo)
+    assert len(calls) == 3 and calls[-1].concurrency_threshold == 2
+    fresh = lab.tune(trace, config, prefix_lengths=[4096], thresholds=[2, 8], baselines=())
+    assert second["points"] == fresh["points"]
+    assert [p for p in first["points"] if p["prefix_length"] == 4096] == [
+        p for p in second["points"] if p["concurrency_threshold"] == 8]
