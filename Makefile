@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 STAGE ?= default
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION = 20
 
-.PHONY: install synth synth-all test bench mutants demo engines clean
+.PHONY: install synth synth-all test bench mutants demo aiperf engines clean
 
 install: .install-stamp
 
@@ -54,6 +54,21 @@ mutants: install
 # RANDOM vs PREFIX_AWARE; careless, normalized and front-door clients, through the emulator (about 3 minutes).
 demo: install
 	$(PY) -m prefix_routing demo
+
+# NVIDIA AIPerf against the emulator: AIPerf's P50 TTFT and request count beside the emulator's /status
+# and the lab's prediction (about a minute). AIPerf lives in its own virtualenv (.venv-aiperf, about
+# 1.2 GB, made on first use from requirements-aiperf.txt); it is not part of install or test.
+AIPERF_VENV := .venv-aiperf
+
+aiperf: install $(AIPERF_VENV)/.install-stamp
+	$(PY) tools/aiperf_local.py
+
+$(AIPERF_VENV)/.install-stamp: requirements-aiperf.txt
+	python3 -m venv $(AIPERF_VENV)
+	$(AIPERF_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(AIPERF_VENV)/bin/python -m pip install --quiet -r requirements-aiperf.txt
+	rm -rf $(AIPERF_VENV)/local-tokenizer
+	touch $@
 
 # Real llama.cpp engines: builds llama-server from the pinned source once (about 5 minutes on 2 cores,
 # cached in ~/.cache/prefix-routing/engines/) and writes the tiny model.

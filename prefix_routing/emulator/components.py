@@ -15,6 +15,12 @@ from prefix_routing.emulator.backend import Backend, BackendResponse, ErrorReply
 from prefix_routing.emulator.protocol import RuntimeRequest
 
 
+def served_model(config: Any) -> str:
+    """The model id the stage's endpoint answers to on the OpenAI path (its ``/v1/models`` entry): the
+    Hugging Face id the container loads, else the S3 location of the weights."""
+    return config.model.model_id or config.model.model_s3_uri
+
+
 class ComponentBackends:
     """``backends``: component name → its backend, the primary component's first. ``status()`` is the
     primary's, with every component's under ``components``."""

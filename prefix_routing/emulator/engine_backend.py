@@ -375,7 +375,7 @@ def start_engine_emulator(config, engine_urls: Sequence[str], *, port: int = 0, 
     routes, with one copy per engine. With trust domains, the engines are dealt out in order, an equal
     share to each domain's component (the primary's first): no engine serves two domains. Stop it
     with ``server.stop()``."""
-    from prefix_routing.emulator.components import ComponentBackends
+    from prefix_routing.emulator.components import ComponentBackends, served_model
     from prefix_routing.emulator.server import RuntimeServer
 
     routing = config.routing
@@ -399,7 +399,8 @@ def start_engine_emulator(config, engine_urls: Sequence[str], *, port: int = 0, 
     backend = next(iter(backends.values())) if len(backends) == 1 else ComponentBackends(backends)
     try:
         server = RuntimeServer(backend, port=port, faults=faults, endpoints=[config.endpoint_name],
-                               record_bodies=record_bodies, require_component=True)
+                               record_bodies=record_bodies, require_component=True,
+                               served_model=served_model(config))
     except BaseException:
         backend.close()
         raise

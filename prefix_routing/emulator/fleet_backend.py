@@ -298,7 +298,7 @@ def start_emulator(
     """A started ``RuntimeServer`` on 127.0.0.1 serving the stage's endpoint name with a fleet
     backend (with trust domains, one per domain's component: copies and caches of its own; the slow
     instance is the primary component's). Stop it with ``server.stop()``."""
-    from prefix_routing.emulator.components import ComponentBackends
+    from prefix_routing.emulator.components import ComponentBackends, served_model
     from prefix_routing.emulator.server import RuntimeServer
 
     backends = {}
@@ -317,6 +317,7 @@ def start_emulator(
     server = RuntimeServer(
         backend if len(backends) == 1 else ComponentBackends(backends), port=port, faults=faults,
         endpoints=[config.endpoint_name], record_bodies=record_bodies, require_component=True,
+        served_model=served_model(config),
     )
     server.start()
     return server

@@ -1,6 +1,7 @@
 """The HTTP handler: one request in, checked, routed to the SageMaker or the OpenAI-style wire, with faults applied.
 
-Every method answers JSON: ``GET /ping`` and ``GET /status``, ``POST`` to the runtime's paths; any other
+Every method answers JSON: ``GET /ping``, ``GET /status`` and the OpenAI-compatible model list
+(``GET /endpoints/{name}/openai/v1/models``), ``POST`` to the runtime's paths; any other
 path or method is 404 ``UnknownOperationException`` (AWS's rest-json services route by method and path
 together, so an unknown method is an unknown operation)."""
 
@@ -23,6 +24,7 @@ from prefix_routing.emulator.protocol import (
     _PRINTABLE_ID_RE,
     _SESSION_RE,
     MAX_BODY_BYTES,
+    MODELS_PATH,
     OP_CHAT_COMPLETIONS,
     OP_INVOKE,
     OP_INVOKE_STREAM,
@@ -53,6 +55,8 @@ class _Handler(SageMakerWire, OpenAIWire, HttpIO):
             self._simple(200, b"", "text/plain")
         elif path == "/status":
             self._simple(200, json.dumps(self.server.status()).encode(), "application/json")
+        elif match := MODELS_PATH.match(path):
+            self._models(unquote(match.group(1)))
         else:
             self._simple(
                 404, b'{"message":"not found"}', "application/json", {"X-Amzn-ErrorType": "UnknownOperationException"}

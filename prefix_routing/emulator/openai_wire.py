@@ -1,13 +1,16 @@
-"""The OpenAI-compatible ``/v1/chat/completions`` and ``/v1/completions`` answers, whole or as SSE, and their errors."""
+"""The OpenAI-compatible ``/v1/chat/completions`` and ``/v1/completions`` answers, whole or as SSE, their errors,
+and the model list (``GET /v1/models``) that benchmark clients such as AIPerf read before they start."""
 
 from __future__ import annotations
 
 import json
 import time
+import uuid
 from typing import Any
 
 from prefix_routing.emulator.backend import ErrorReply, StreamFailure
 from prefix_routing.emulator.chat import sse_event
+from prefix_routing.emulator.protocol import OP_CHAT_COMPLETIONS, RequestHeaders
 from prefix_routing.emulator.sagemaker_wire import _close, _stream_outcome
 
 
@@ -22,12 +25,36 @@ class OpenAIWire:
         self._simple(status, json.dumps(body).encode(), "application/json", {"x-amzn-RequestId": request_id})
         return status
 
+    def _authorized(self, token: str | None) -> bool:
+        """A bearer token is present and, when the server was given one, is that one."""
+        expected = self.server.bearer_token
+        return token is not None and (expected is None or token == expected)
+
+    # -- GET .../openai/v1/models
+    def _models(self, endpoint: str) -> None:
+        """The served model, as vLLM lists it: one entry whose ``id`` is the name clients put in ``model``.
+        The same bearer token as the chat path; an endpoint the server does not serve is a 400 as there."""
+        rid = str(uuid.uuid4())
+        token = RequestHeaders.from_http(OP_CHAT_COMPLETIONS, self.headers).bearer_token
+        if not self._authorized(token):
+            self._openai_error(rid, 401, "Missing or invalid bearer token.", "invalid_api_key")
+            return
+        if self.server.endpoints is not None and endpoint not in self.server.endpoints:
+            self._openai_error(rid, 400, f"Endpoint {endpoint} not found.", "ValidationError")
+            return
+        model: dict[str, Any] = {"id": self.server.served_model, "object": "model",
+                                 "created": int(self.server.started_wall), "owned_by": "vllm",
+                                 "root": self.server.served_model, "parent": None}
+        context = getattr(self.server.backend, "context_tokens", None)
+        if isinstance(context, int):
+            model["max_model_len"] = context
+        body = {"object": "list", "data": [model]}
+        self._simple(200, json.dumps(body).encode(), "application/json", {"x-amzn-RequestId": rid})
+
     # -- the OpenAI-compatible path
     def _openai(self, request, record, plan, body: Any) -> tuple[str, int, str | None]:
         rid = request.request_id
-        token = request.headers.bearer_token
-        expected = self.server.bearer_token
-        if token is None or (expected is not None and token != expected):
+        if not self._authorized(request.headers.bearer_token):
             return (
                 "error",
                 self._openai_error(rid, 401, "Missing or invalid bearer token.", "invalid_api_key"),

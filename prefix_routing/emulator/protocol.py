@@ -45,6 +45,10 @@ _PATHS = (
 )
 
 
+#: ``GET``: the OpenAI-compatible model list of an endpoint (what ``GET {base}/v1/models`` asks).
+MODELS_PATH = re.compile(r"^/endpoints/([^/]+)/openai/v1/models$")
+
+
 def _route(path: str) -> tuple[re.Match[str], str] | None:
     for pattern, operation in _PATHS:
         match = pattern.match(path)

@@ -138,6 +138,14 @@ class RequestLog:
             counts["pending"] = len(self._pending)
         return counts
 
+    def ttft_ms(self) -> dict[str, float | int | None]:
+        """Time to first token as the server measured it, in wall milliseconds (request read to first chunk
+        written: what a client on the same host sees, less its own send and receive), over the streamed
+        requests answered ``ok`` in the window; percentiles interpolated linearly, as numpy (and AIPerf) do."""
+        values = sorted(r.ttft * 1000.0 for r in self._records
+                        if r.outcome == "ok" and r.request.stream and r.ttft is not None)
+        return {"p50": _percentile(values, 0.5), "p90": _percentile(values, 0.9), "samples": len(values)}
+
     def window(self) -> dict[str, int]:
         return {"records": len(self._records), "limit": self.limit, "bodies": len(self._bodied),
                 "body_bytes": self._held, "body_bytes_limit": self.body_bytes}
@@ -147,3 +155,13 @@ def _check_range(name: str, value: int, allowed: tuple[int, int]) -> None:
     low, high = allowed
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise UserError(f"{name}={value!r}: allowed an integer from {low} to {high}")
+
+
+def _percentile(sorted_values: list[float], q: float) -> float | None:
+    """The ``q`` quantile of sorted values, interpolated between the two nearest ranks (numpy's default)."""
+    if not sorted_values:
+        return None
+    position = q * (len(sorted_values) - 1)
+    low = int(position)
+    high = min(low + 1, len(sorted_values) - 1)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)

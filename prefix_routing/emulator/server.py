@@ -40,7 +40,11 @@ What it implements (paths and headers from botocore's service model ``runtime.sa
   HTTP status of the error (throttling 429). A mid-stream error is an SSE event
   ``data: {"error": ...}`` and the stream ends without ``data: [DONE]``. (SageMaker's exact error
   bodies on this path are unconfirmed; these follow OpenAI's.)
+- ``GET /endpoints/{EndpointName}/openai/v1/models``: the served model in OpenAI's list shape (the same
+  bearer token as the chat path), which benchmark clients such as AIPerf read before they start.
 - ``GET /ping`` (200) and ``GET /status`` (JSON: requests and counts by outcome since the start, the
+  server's own time to first token of the streamed requests answered ok in the window (``ttft_ms``:
+  p50, p90, samples; wall milliseconds from the request read to its first chunk written), the
   record's window, the connections open, refused and timed out, plus the backend's ``status()`` when it
   has one: the engine backend's includes each engine's health).
 - Fault injection (:class:`Faults`): throttle the first K requests or a seeded fraction, a 5xx (or any
@@ -133,7 +137,7 @@ class RuntimeServer(ThreadingHTTPServer):
     endpoint names get ``ValidationError`` ("Endpoint ... not found"). ``require_component``: the
     endpoints are inference-component endpoints: an invocation without ``InferenceComponentName`` is a
     ``ValidationError``. ``bearer_token``: if given, the OpenAI path requires exactly this token,
-    otherwise any non-empty one. The record keeps the last ``record_limit`` requests and the bodies of
+    otherwise any non-empty one. ``served_model``: the model id its OpenAI model list names. The record keeps the last ``record_limit`` requests and the bodies of
     the latest within ``record_body_bytes`` (``record_bodies=False``: none). The connection bounds are
     :class:`~prefix_routing.emulator.connections.ConnectionLimits`.
     """
@@ -159,6 +163,7 @@ class RuntimeServer(ThreadingHTTPServer):
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S,
+        served_model: str = "echo",
     ):
         if not is_loopback_host(host):
             raise UserError(f"host {host!r}: the runtime server binds to a loopback address only (127.0.0.1)")
@@ -170,6 +175,8 @@ class RuntimeServer(ThreadingHTTPServer):
         self.bearer_token = bearer_token
         self.record_bodies = record_bodies
         self.require_component = require_component
+        self.served_model = served_model
+        self.started_wall = time.time()
         self.limits = ConnectionLimits(max_connections, idle_timeout_s, request_timeout_s, send_timeout_s)
         self.guard = ConnectionGuard(self.limits)
         self._lock = threading.Condition()
@@ -283,7 +290,7 @@ class RuntimeServer(ThreadingHTTPServer):
     def status(self) -> dict[str, Any]:
         with self._lock:
             out: dict[str, Any] = {"requests": self._log.total, "outcomes": self._log.outcome_counts(),
-                                   "record": self._log.window()}
+                                   "ttft_ms": self._log.ttft_ms(), "record": self._log.window()}
         out["connections"] = self.guard.status()
         status = getattr(self.backend, "status", None)
         if callable(status):

@@ -258,3 +258,13 @@ def test_with_autoscaling_the_emulated_copies_scale_from_zero_on_the_first_refus
     copies = backend.status()["copies"]
     assert copies["provisioned"] == 1 and copies["no_capacity_failures"] == 1
     assert copies["events"][-1]["to"] == 1
+
+
+def test_model_list_names_the_stages_model_and_its_context(emulator):
+    config, server = emulator
+    request = urllib.request.Request(f"{server.url}/endpoints/{config.endpoint_name}/openai/v1/models",
+                                     headers={"Authorization": "Bearer local"})
+    listing = json.loads(urllib.request.urlopen(request, timeout=5).read())
+    (model,) = listing["data"]
+    assert model["id"] == config.model.model_id == "meta-llama/Llama-3.1-8B-Instruct"
+    assert model["max_model_len"] == server.backend.context_tokens

@@ -95,3 +95,20 @@ def test_a_long_run_holds_a_bounded_record_and_exact_counts():
     assert records[-1].body == body and not records[0].body_recorded
     assert status["requests"] == 2000 and status["outcomes"] == {"ok": 2000}
     assert server.outcome_counts() == {"ok": 2000} and server.request_count == 2000
+
+
+def test_ttft_counts_streamed_answers_that_ended_ok_with_numpys_percentiles():
+    def streamed(i: int, stream: bool = True) -> RuntimeRequest:
+        return RuntimeRequest(OP_INVOKE, "ep", b"", RequestHeaders(), (), 0.0, 0.0, f"r{i}", i, stream, "/")
+
+    log = RequestLog(limit=10)
+    for i, (stream, outcome, ttft) in enumerate([(True, "ok", 0.010), (True, "ok", 0.020), (True, "ok", 0.040),
+                                                 (True, "ok", 0.030), (False, "ok", 0.5), (True, "error", 0.9),
+                                                 (True, "stream_error", 0.9)]):
+        record = log.admit(streamed(i, stream))
+        record.first_chunk_at = ttft  # arrival is 0.0
+        _finish(log, record, outcome)
+    log.admit(streamed(9)).first_chunk_at = 0.9  # still pending: no outcome yet
+    ttft = log.ttft_ms()
+    assert ttft["samples"] == 4
+    assert ttft["p50"] == pytest.approx(25.0) and ttft["p90"] == pytest.approx(37.0)  # numpy.percentile's
