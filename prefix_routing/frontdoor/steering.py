@@ -198,16 +198,16 @@ class Steering:
     def choose(self, key: str, replicas: int, copies: int) -> Ticket:
         """The slot the next request of the prefix ``key`` goes to, its in-flight count taken in the store."""
         started = self.timer()
-        for round_ in range(MAX_ROUNDS):
-            if round_ and self.timer() - started > self.budget_s:
-                break
+        rounds = 0
+        while rounds < MAX_ROUNDS and (rounds == 0 or self.timer() - started <= self.budget_s):
+            rounds += 1
             found = self.store.read(key)
             state, version = found if found is not None else (HotPrefixState(), None)
             slot = state.choose(replicas, copies)
             index = next(i for i, s in enumerate(state.slots) if s is slot)
             if self.store.write(key, state, version, self.clock() + self.keep_s):
                 return Ticket(key, index, slot.number)
-        raise StoreContended(f"{key}: no write after {round_ + 1} rounds")
+        raise StoreContended(f"{key}: no write after {rounds} rounds")
 
     def answered(self, ticket: Ticket, cached_tokens: int | None, key_tokens: float) -> bool:
         """The ticket's answer ended (``cached_tokens`` None: it failed, or the engine did not say):
