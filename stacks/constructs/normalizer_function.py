@@ -171,8 +171,8 @@ class NormalizerFunction(Construct):
             iam.PolicyStatement(actions=["sagemaker:DescribeInferenceComponent"], resources=[component_arns[0]])
         )
         # Per-tenant limits and replica steering: the three item operations the limiter and the
-        # steering store make, on their table only (one statement when it is the same table).
-        tables = list({id(t): t for t in (limits_table, steering_table) if t is not None}.values())
+        # steering store make, on their table only (the same table: one resource, CDK drops the repeat).
+        tables = [t for t in (limits_table, steering_table) if t is not None]
         if tables:
             self.role.add_to_policy(iam.PolicyStatement(actions=list(LIMITS_TABLE_ACTIONS),
                                                         resources=[t.table_arn for t in tables]))
