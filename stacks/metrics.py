@@ -91,6 +91,12 @@ class NormalizerMetrics:
         """Prefixes with more than one replica: a gauge per execution environment, so its Maximum."""
         return self._metric(telemetry.HOT_PREFIXES, "Maximum", "hot prefixes (most in one environment)")
 
+    def steering(self) -> list[cloudwatch.Metric]:
+        """Replica steering (published only while it is active): collisions found, and hot-prefix
+        requests sent in turn because its store failed."""
+        return [self._metric(telemetry.REPLICA_COLLISIONS, "Sum", "replica collisions"),
+                self._metric(telemetry.STEERING_FALLBACKS, "Sum", "steering fallbacks (store unavailable)")]
+
     def normalization_time(self) -> cloudwatch.Metric:
         return self._metric(telemetry.NORMALIZATION_TIME, "p99", "normalization p99 (ms)")
 

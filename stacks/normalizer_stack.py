@@ -13,8 +13,14 @@ from stacks.constructs.normalizer_function import NormalizerFunction, normalizer
 class NormalizerStack(Stack):
     def __init__(self, scope: Construct, construct_id: str, *, config: StageConfig, **kwargs) -> None:
         super().__init__(scope, construct_id, **kwargs)
-        # The counts of the per-tenant limits, only when some tenant has one.
-        self.limits_table = TenantLimitsTable(self, "TenantLimits") if config.limits.enabled else None
+        # The front door's shared state: the per-tenant limits' counts (when some tenant has one) and
+        # the hot prefixes' replica states (with replication and its steering). One table for both:
+        # the same store, role statement and warm connection; their items' keys never meet.
+        replication = config.normalizer.replication
+        steering = replication.enabled and replication.steering
+        self.limits_table = (TenantLimitsTable(self, "TenantLimits")
+                             if config.limits.enabled or steering else None)
+        table = self.limits_table.table if self.limits_table is not None else None
         # Names, not references: the endpoint's names are fixed by the stage, so the two stacks
         # deploy independently.
         self.normalizer = NormalizerFunction(
@@ -31,7 +37,8 @@ class NormalizerStack(Stack):
             settings=config.normalizer,
             code=normalizer_code(),
             limits=config.limits,
-            limits_table=self.limits_table.table if self.limits_table is not None else None,
+            limits_table=table if config.limits.enabled else None,
+            steering_table=table if steering else None,
             domains=config.trust_domains(),
         )
         CfnOutput(self, "FunctionUrl", value=self.normalizer.function_url.url)

@@ -45,6 +45,7 @@ import boto3
 from botocore.config import Config
 
 from prefix_routing import frontdoor
+from prefix_routing.frontdoor import steering
 from prefix_routing.rules.limits import RELEASE_TIMEOUT_MS
 
 _LOCK = threading.Lock()
@@ -72,28 +73,45 @@ def _build_invoker() -> frontdoor.Invoker:
     if config.component_name:  # SageMaker publishes no copy-count metric: sample it once a minute
         control = Config(retries={"mode": "standard", "max_attempts": 2}, connect_timeout=2, read_timeout=5)
         copies = frontdoor.CopyCounts(lambda: session.client("sagemaker", config=control), config.component_name)
+    replicas = None
+    if config.replication.enabled:
+        replicas = frontdoor.Replicas(config, copies=copies, steering=_steering(session, config))
     return frontdoor.Invoker(runtime, config, key, telemetry_sink=frontdoor.Telemetry(config, copies=copies),
-                             limiter=_limiter(session, config))
+                             limiter=_limiter(session, config), replicas=replicas)
+
+
+def _store_client(session, table: str, timeout_ms: int):
+    """A DynamoDB client whose every call is bounded by ``timeout_ms`` (no retries), its connection
+    opened now, in the init phase."""
+    seconds = timeout_ms / 1000.0
+    client = session.client("dynamodb", config=Config(retries={"total_max_attempts": 1}, connect_timeout=seconds,
+                                                      read_timeout=seconds, tcp_keepalive=True))
+    try:  # TLS now rather than on the first request's path; any answer will do
+        client.get_item(TableName=table, Key={"pk": {"S": "connection-warm-up"}})
+    except Exception:  # noqa: BLE001 - the first request retries the connection within its own bound
+        pass
+    return client
 
 
 def _limiter(session, config: frontdoor.InvokeConfig) -> frontdoor.Limiter | None:
-    """Per-tenant limits (``LIMITS``): a DynamoDB client whose every call is bounded by
-    ``store_timeout_ms`` (no retries), its connection opened now, in the init phase."""
+    """Per-tenant limits (``LIMITS``): calls bounded by ``store_timeout_ms``, releases by their own bound."""
     if not config.limits.enabled:
         return None
-    def client(timeout_ms: int):
-        seconds = timeout_ms / 1000.0
-        return session.client("dynamodb", config=Config(retries={"total_max_attempts": 1}, connect_timeout=seconds,
-                                                        read_timeout=seconds, tcp_keepalive=True))
-
-    admit, release = client(config.limits.store_timeout_ms), client(RELEASE_TIMEOUT_MS)
-    for each in (admit, release):
-        try:  # TLS now rather than on the first request's path; any answer will do
-            each.get_item(TableName=config.limits_table, Key={"pk": {"S": "connection-warm-up"}})
-        except Exception:  # noqa: BLE001 - the first request retries the connection within its own bound
-            pass
+    admit = _store_client(session, config.limits_table, config.limits.store_timeout_ms)
+    release = _store_client(session, config.limits_table, RELEASE_TIMEOUT_MS)
     return frontdoor.Limiter(config.limits,
                              frontdoor.DynamoLimitStore(admit, config.limits_table, release_client=release))
+
+
+def _steering(session, config: frontdoor.InvokeConfig) -> frontdoor.Steering | None:
+    """Replica steering (``REPLICATION_STEERING`` with ``STEERING_TABLE``): the send's calls bounded by
+    ``SEND_TIMEOUT_MS``, the answer's by ``ANSWER_TIMEOUT_MS``; None: replicas in turn."""
+    if not (config.replication.steering and config.steering_table):
+        return None
+    table = config.steering_table
+    store = frontdoor.DynamoSteeringStore(_store_client(session, table, steering.SEND_TIMEOUT_MS), table,
+                                          answer_client=_store_client(session, table, steering.ANSWER_TIMEOUT_MS))
+    return frontdoor.Steering(store, config.replication)
 
 
 def get_invoker() -> frontdoor.Invoker:

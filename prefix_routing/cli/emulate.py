@@ -196,7 +196,9 @@ def _serve(args, config, server, model: str) -> None:
             from prefix_routing.stage.front_door_env import front_door_environment
 
             store_url = None
-            if config.limits.enabled:  # the limits' counts in a real DynamoDB-compatible store, started here
+            replication = config.normalizer.replication
+            if config.limits.enabled or (replication.enabled and replication.steering):
+                # the limits' counts and the steering's states in a real DynamoDB-compatible store, started here
                 from prefix_routing.emulator.local_store import LocalDynamo
 
                 store = LocalDynamo()
@@ -204,7 +206,9 @@ def _serve(args, config, server, model: str) -> None:
             front_door = LocalFrontDoor(server.url, front_door_environment(config), port=args.front_door,
                                         limits_store_url=store_url)
             limits = (f"  per-tenant limits {config.limits.to_rules(60).default.as_dict() or 'by tenant'}: counts in "
-                      f"dynalite at {store_url} (pid {store.pid})\n" if store is not None else "")
+                      f"dynalite at {store_url} (pid {store.pid})\n" if store is not None and config.limits.enabled
+                      else f"  replica steering: hot prefixes' states in dynalite at {store_url} (pid {store.pid})\n"
+                      if store is not None else "")
             print(
                 f"front door (tenancy {config.normalizer.tenancy}) at {front_door.url}\n{limits}"
                 f"  call it as the Function URL: SigV4-signed for service lambda, region us-east-1; the access key id "

@@ -74,7 +74,7 @@ One request, in order:
 
 The modules, in the order of a request: :mod:`.config` (:class:`InvokeConfig`, the tenant key),
 :mod:`.request` (:class:`FrontRequest`, :class:`RequestError`), :mod:`.tenancy`, :mod:`.prepare`,
-:mod:`.replicas` (hot-prefix replication), :mod:`.upstream` (the call and its retries),
+:mod:`.replicas` (hot-prefix replication), :mod:`.steering` (its shared state), :mod:`.upstream` (the call and its retries),
 :mod:`.upstream_errors` (:func:`classify_error`), :mod:`.stream` (:class:`StreamReader`),
 :mod:`.record` (the log line and EMF document), :mod:`.copies` (the copy counts) and
 :mod:`.invoker` (:class:`Invoker`, which puts them together), :mod:`.webapp` (the HTTP server the
@@ -97,6 +97,7 @@ from prefix_routing.frontdoor.limiter import Admission, DynamoLimitStore, Limite
 from prefix_routing.frontdoor.prepare import Prepared, prepare
 from prefix_routing.frontdoor.record import RequestRecord, Telemetry, emf_document, log_record
 from prefix_routing.frontdoor.replicas import Replicas
+from prefix_routing.frontdoor.steering import DynamoSteeringStore, Steering
 from prefix_routing.frontdoor.request import FrontRequest, RequestError, request_from_event, request_from_http
 from prefix_routing.frontdoor.stream import StreamReader
 from prefix_routing.frontdoor.tenancy import identify_tenant, principal_tenant
@@ -125,6 +126,8 @@ __all__ = [
     "Prepared",
     "RequestError",
     "Replicas",
+    "DynamoSteeringStore",
+    "Steering",
     "RequestRecord",
     "StreamReader",
     "Telemetry",

@@ -72,6 +72,9 @@ class InvokeConfig:
     allow_direct_invoke: bool = False
     limits: LimitSettings = field(default_factory=LimitSettings)
     limits_table: str | None = None
+    #: The table of replica steering's shared state (``STEERING_TABLE``; the stack names the same
+    #: table as ``LIMITS_TABLE``). None: a hot prefix's replicas are used in turn, even with steering on.
+    steering_table: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.endpoint_name, str) or not self.endpoint_name:
@@ -119,7 +122,8 @@ class InvokeConfig:
         :class:`~prefix_routing.rules.replication.ReplicationSettings`), ``COPIES_MIN``, ``COPIES_MAX``,
         ``ALLOW_DIRECT_INVOKE`` (true|false, default false), ``DOMAINS`` (the JSON of
         :meth:`~prefix_routing.rules.domains.TrustDomains.to_json`; absent: one component), ``LIMITS`` (the JSON of
-        :meth:`~prefix_routing.rules.limits.LimitSettings.to_json`; absent: no limits), ``LIMITS_TABLE``.
+        :meth:`~prefix_routing.rules.limits.LimitSettings.to_json`; absent: no limits), ``LIMITS_TABLE``,
+        ``STEERING_TABLE`` (replica steering's shared state; absent: replicas in turn).
         """
         env = os.environ if environ is None else environ
         data: dict[str, Any] = {}
@@ -158,6 +162,7 @@ class InvokeConfig:
             allow_direct_invoke=_flag(env, "ALLOW_DIRECT_INVOKE", False),
             limits=_limits(env),
             limits_table=env.get("LIMITS_TABLE", "").strip() or None,
+            steering_table=env.get("STEERING_TABLE", "").strip() or None,
         )
 
 

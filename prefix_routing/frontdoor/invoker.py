@@ -151,7 +151,8 @@ class Invoker:
         and the request is logged with status 499 (``client_closed``).
         """
         record = RequestRecord(arrival_ms=request.arrival_ms, request_id=request.request_id,
-                               limits_enabled=self.limiter is not None)
+                               limits_enabled=self.limiter is not None,
+                               steering_active=self.replicas is not None and self.replicas.steering is not None)
         state = _State()
         try:
             yield from self._exchange(request, record, state, collect)
@@ -192,6 +193,9 @@ class Invoker:
         if record.status is None:
             record.status = 500
         if self.replicas is not None:
+            # Steering: the replica's in-flight count goes back, once the answer's last bytes (its
+            # end marker) are in the client's socket, before the log line that reports a collision.
+            self.replicas.answered(record)
             record.hot_prefixes = self.replicas.hot()
         self.telemetry.publish(record)
 

@@ -30,6 +30,8 @@ from prefix_routing.frontdoor.config import InvokeConfig
 from prefix_routing.frontdoor.invoker import Invoker
 from prefix_routing.frontdoor.limiter import KEY, DynamoLimitStore, Limiter
 from prefix_routing.frontdoor.record import Telemetry
+from prefix_routing.frontdoor.replicas import Replicas
+from prefix_routing.frontdoor.steering import ANSWER_TIMEOUT_MS, SEND_TIMEOUT_MS, DynamoSteeringStore, Steering
 from prefix_routing.rules.limits import RELEASE_TIMEOUT_MS
 from prefix_routing.frontdoor.webapp import (
     LAMBDA_CONTEXT_HEADER,
@@ -145,7 +147,9 @@ class LocalFrontDoor:
     """The front door's web app serving on ``127.0.0.1:port`` in a thread; ``url``, ``invoker``, ``stop()``.
 
     With per-tenant limits in ``environment`` (``LIMITS``), ``limits_store_url`` is the DynamoDB-compatible
-    store (``prefix_routing.emulator.local_store.LocalDynamo``) that holds their counts.
+    store (``prefix_routing.emulator.local_store.LocalDynamo``) that holds their counts; with replication
+    and its steering on, the same store holds the hot prefixes' states (in the same table, as in the
+    stack). Without a store, replicas are used in turn.
     """
 
     def __init__(self, runtime_url: str, environment: Mapping[str, str], *, port: int = 0,
@@ -154,6 +158,8 @@ class LocalFrontDoor:
         environment = dict(environment)
         if environment.get("LIMITS"):
             environment.setdefault("LIMITS_TABLE", LOCAL_LIMITS_TABLE)
+        if limits_store_url is not None:
+            environment.setdefault("STEERING_TABLE", LOCAL_LIMITS_TABLE)
         config = InvokeConfig.from_env(environment)
         limiter = None
         if config.limits.enabled:
@@ -164,8 +170,14 @@ class LocalFrontDoor:
             store = DynamoLimitStore(limits_client(limits_store_url, config.limits.store_timeout_ms), config.limits_table,
                                      release_client=limits_client(limits_store_url, RELEASE_TIMEOUT_MS))
             limiter = Limiter(config.limits, store)
+        replicas = None
+        if config.replication.enabled and config.replication.steering and limits_store_url is not None:
+            create_limits_table(limits_client(limits_store_url, 5000), config.steering_table)
+            store = DynamoSteeringStore(limits_client(limits_store_url, SEND_TIMEOUT_MS), config.steering_table,
+                                        answer_client=limits_client(limits_store_url, ANSWER_TIMEOUT_MS))
+            replicas = Replicas(config, steering=Steering(store, config.replication))
         self.invoker = Invoker(local_runtime_client(runtime_url, config), config, key,
-                               telemetry_sink=Telemetry(config, emit), limiter=limiter)
+                               telemetry_sink=Telemetry(config, emit), limiter=limiter, replicas=replicas)
         self.server: FrontDoorServer = make_server("127.0.0.1", port, lambda: self.invoker,
                                                    handler_class=LocalFunctionUrlHandler)
         self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},

@@ -74,6 +74,14 @@ class RequestRecord:
     replica: int | None = None  # hot-prefix replication (frontdoor.replicas), else None
     replicas: int | None = None
     hot_prefixes: int | None = None
+    # Replica steering (frontdoor.replicas with a steering store): how the replica was chosen (with
+    # replication: telemetry.STEERING_* or None), and while steering is active the rest.
+    steering: str | None = None
+    steering_active: bool = False
+    steering_ms: float | None = None
+    steering_store_error: bool = False
+    replica_collision: bool | None = None
+    steer_ticket: Any = None  # what the answer gives back (frontdoor.steering.Ticket); never logged
     limits_enabled: bool = False  # some tenant has a limit: the EMF document and log line carry the limit fields
     limit_rule: str | None = None
     throttled_by: str | None = None
@@ -141,6 +149,11 @@ def log_record(record: RequestRecord, config: InvokeConfig) -> dict[str, Any]:
     if record.replicas is not None:  # replication enabled (absent otherwise: the line stays as it was)
         line[telemetry.ReplicaLogField.REPLICA] = record.replica
         line[telemetry.ReplicaLogField.REPLICAS] = record.replicas
+        line[telemetry.SteeringLogField.STEERING] = record.steering
+    if record.steering_active:
+        S = telemetry.SteeringLogField
+        line.update({S.COLLISION: record.replica_collision, S.STEERING_MS: _ms(record.steering_ms),
+                     S.STORE_ERROR: record.steering_store_error})
     return line
 
 
@@ -170,6 +183,12 @@ def _metric_values(record: RequestRecord) -> list[tuple[telemetry.MetricSpec, fl
     if record.hot_prefixes is not None:  # replication enabled: in every document, else in none
         values.append((telemetry.REPLICATED_REQUESTS, 1.0 if record.replica else 0.0))
         values.append((telemetry.HOT_PREFIXES, float(record.hot_prefixes)))
+    if record.steering_active:  # steering with its store: in every document, else in none
+        values.append((telemetry.REPLICA_COLLISIONS, 1.0 if record.replica_collision else 0.0))
+        values.append((telemetry.STEERING_FALLBACKS, 1.0 if record.steering == telemetry.STEERING_FALLBACK else 0.0))
+        values.append((telemetry.STEERING_STORE_ERRORS, 1.0 if record.steering_store_error else 0.0))
+        if record.steering_ms is not None:
+            values.append((telemetry.STEERING_TIME, float(record.steering_ms)))
     return values
 
 

@@ -91,7 +91,7 @@ class HotPrefixState:
         if slot.judged or cached_tokens is None:
             return False
         slot.judged = True
-        if number == 0 or key_tokens <= 0 or cached_tokens < COLLISION_SHARE * key_tokens:
+        if not reveals_collision(number, cached_tokens, key_tokens):
             return False
         self.collisions += 1
         if self.redraws >= MAX_REDRAWS or self.next_number > MAX_REPLICA_NUMBER:
@@ -101,3 +101,25 @@ class HotPrefixState:
         self.slots[index] = ReplicaSlot(self.next_number)
         self.next_number += 1
         return True
+
+
+def reveals_collision(number: int, cached_tokens: int | None, key_tokens: float) -> bool:
+    """Whether the first answer of replica ``number`` with these figures reveals a collision: not for
+    replica 0 (the tenant's own id), nor without cached tokens or a key, else when at least
+    :data:`COLLISION_SHARE` of the key's tokens were cached. (:meth:`HotPrefixState.answered` decides
+    with it; the front door's store uses it to tell an answer that is only a release.)"""
+    return (number != 0 and cached_tokens is not None and key_tokens > 0
+            and cached_tokens >= COLLISION_SHARE * key_tokens)
+
+
+def key_tokens(prompt_tokens: int | None, body_bytes: int | None, prefix_length: int) -> float:
+    """The tokens the routing key covers, estimated from what the front door knows of a request: the
+    key is the canonical body's first ``prefix_length`` bytes, so its share of the prompt's tokens is
+    taken as its share of the body's bytes (all of them when the body is shorter). An estimate: the
+    body's JSON punctuation and field names count as bytes but not as tokens, and the chat template
+    adds tokens no byte stands for; both are small beside a prefix long enough to be hot, and the
+    collision test already allows 10 % (:data:`COLLISION_SHARE`). 0 when the engine reported no
+    prompt tokens (the answer is then never judged a collision)."""
+    if not prompt_tokens or not body_bytes or prompt_tokens < 0 or body_bytes < 0:
+        return 0.0
+    return prompt_tokens * min(1.0, prefix_length / body_bytes)

@@ -84,6 +84,29 @@ REPLICATED_REQUESTS = MetricSpec(
 HOT_PREFIXES = MetricSpec("HotPrefixes", "Count", "prefixes the front door's tracker gives more than one replica")
 REPLICATION_METRICS: Final = (REPLICATED_REQUESTS, HOT_PREFIXES)
 
+#: Replica steering (``normalizer.replication.steering`` with the front door's table,
+#: :mod:`prefix_routing.rules.steering`): in every EMF document while it is active, in none otherwise.
+REPLICA_COLLISIONS = MetricSpec(
+    "ReplicaCollisions", "Count",
+    "answers that revealed a replica collision (a replica's first answer found >= 90 % of the key cached)",
+)
+STEERING_FALLBACKS = MetricSpec(
+    "SteeringFallbacks", "Count",
+    "hot-prefix requests sent to a replica in turn because the steering store failed or timed out",
+)
+STEERING_STORE_ERRORS = MetricSpec(
+    "SteeringStoreErrors", "Count", "requests whose steering store calls failed (at the send or at the answer's end)"
+)
+STEERING_TIME = MetricSpec(
+    "SteeringTime", "Milliseconds", "time the steering store took before the endpoint call (hot prefixes only)"
+)
+STEERING_METRICS: Final = (REPLICA_COLLISIONS, STEERING_FALLBACKS, STEERING_STORE_ERRORS, STEERING_TIME)
+#: ``SteeringLogField.STEERING``'s values: chosen by load from the shared state, in turn by design
+#: (steering off, or no table), in turn because the store failed; null: not hot, not steered.
+STEERING_LEAST_LOADED: Final = "least_loaded"
+STEERING_TURNS: Final = "turns"
+STEERING_FALLBACK: Final = "turns_store_unavailable"
+
 #: Per-tenant limits (``[limits]``, :mod:`prefix_routing.rules.limits`): in every EMF document while
 #: some tenant has a limit, in none otherwise. Tenants are never a dimension: the log line's
 #: ``LimitLogField.THROTTLED_BY`` and ``TENANT`` rank them (Contributor Insights).
@@ -153,6 +176,16 @@ class ReplicaLogField:
 
     REPLICA: Final = "replica"  # j: 0 = the tenant's own PrefixAwareId, else <id>-r<j>
     REPLICAS: Final = "replicas"  # k: the replicas the prefix had then (1 = not hot)
+
+
+class SteeringLogField:
+    """``STEERING`` is on every request line while replication is enabled (null for a prefix that is
+    not hot); the others only while steering is active (the stage's steering and its table)."""
+
+    STEERING: Final = "steering"  # STEERING_LEAST_LOADED | STEERING_TURNS | STEERING_FALLBACK | null
+    COLLISION: Final = "replica_collision"  # this answer revealed a collision (its replica got a fresh number)
+    STEERING_MS: Final = "steering_ms"  # time the store took before the endpoint call
+    STORE_ERROR: Final = "steering_store_error"  # a store call failed (send: fell back to turns; answer: count kept)
 
 
 class LimitLogField:

@@ -96,10 +96,11 @@ class RoutingDashboard(Construct):
                 width=quarter,
             ),
             # The front door's relief for a hotspot: a hot prefix's requests spread over replicas
-            # (PrefixAwareId <id>-r<j>). Empty unless normalizer.replication.enabled.
+            # (PrefixAwareId <id>-r<j>). Empty unless normalizer.replication.enabled; collisions and
+            # fallbacks only with its steering.
             cloudwatch.GraphWidget(
-                title="Hot-prefix replication: requests sent to a replica, hot prefixes",
-                left=[normalizer.replicated_requests()],
+                title="Hot-prefix replication: requests sent to a replica, collisions, fallbacks; hot prefixes",
+                left=[normalizer.replicated_requests(), *normalizer.steering()],
                 right=[normalizer.hot_prefixes()],
                 width=quarter,
             ),

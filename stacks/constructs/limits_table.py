@@ -1,7 +1,9 @@
-"""The table of the front door's per-tenant limits: the counts every execution environment shares.
+"""The front door's table: the per-tenant limits' counts and replica steering's states, which every
+execution environment shares.
 
-One item per tenant for its stream leases, one per tenant and minute for its request and token
-counts (``prefix_routing.frontdoor.limiter``). On demand (the load is the front door's own), items
+One item per tenant for its stream leases and minute's counts (``tenant#<id>``,
+``prefix_routing.frontdoor.limiter``), one per hot prefix for its replicas' in-flight counts
+(``replicas#<routing id>#<fingerprint>``, ``prefix_routing.frontdoor.steering``). On demand (the load is the front door's own), items
 expire by DynamoDB's TTL on ``expires_at``, encrypted with the AWS managed key.
 """
 
@@ -35,5 +37,6 @@ class TenantLimitsTable(Construct):
             self.table,
             "DDB3",
             "The table holds only counts that expire within minutes (stream leases, per-minute request and token "
-            "counts); a restore would bring back stale counts, never data worth keeping.",
+            "counts, hot prefixes' in-flight counts); a restore would bring back stale counts, never data worth "
+            "keeping.",
         )

@@ -55,7 +55,8 @@ LWA_LAYER_ACCOUNT = "753240598075"
 LWA_LAYER_NAME = "LambdaAdapterLayerArm64"
 LWA_LAYER_VERSION = 30
 
-#: What the limiter does to its table (prefix_routing.frontdoor.limiter): no Scan, Query or DeleteItem.
+#: What the limiter and the steering store do to their table (prefix_routing.frontdoor.limiter and
+#: .steering): no Scan, Query or DeleteItem.
 LIMITS_TABLE_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")
 
 #: The handler is the adapter's start-up command, a path in the asset (not a module.function).
@@ -123,6 +124,7 @@ class NormalizerFunction(Construct):
         code: lambda_.Code,
         limits: LimitsSettings | None = None,
         limits_table: dynamodb.ITable | None = None,
+        steering_table: dynamodb.ITable | None = None,
         domains: TrustDomains | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -168,10 +170,12 @@ class NormalizerFunction(Construct):
         self.role.add_to_policy(
             iam.PolicyStatement(actions=["sagemaker:DescribeInferenceComponent"], resources=[component_arns[0]])
         )
-        # Per-tenant limits: the three item operations the limiter makes, on its own table only.
-        if limits_table is not None:
+        # Per-tenant limits and replica steering: the three item operations the limiter and the
+        # steering store make, on their table only (the same table: one resource, CDK drops the repeat).
+        tables = [t for t in (limits_table, steering_table) if t is not None]
+        if tables:
             self.role.add_to_policy(iam.PolicyStatement(actions=list(LIMITS_TABLE_ACTIONS),
-                                                        resources=[limits_table.table_arn]))
+                                                        resources=[t.table_arn for t in tables]))
         # Read the one secret, nothing else (no DescribeSecret, no other secret).
         self.role.add_to_policy(
             iam.PolicyStatement(actions=["secretsmanager:GetSecretValue"], resources=[self.tenant_key.secret_arn])
@@ -203,6 +207,7 @@ class NormalizerFunction(Construct):
                                        routing=routing, endpoint=endpoint, normalizer=settings, limits=limits,
                                        domains=domains),
                 **({"LIMITS_TABLE": limits_table.table_name} if limits_table is not None else {}),
+                **({"STEERING_TABLE": steering_table.table_name} if steering_table is not None else {}),
                 "TENANT_KEY_SECRET_ARN": self.tenant_key.secret_arn,  # where the key is, not the key
             },
         )

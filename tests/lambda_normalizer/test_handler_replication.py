@@ -98,3 +98,27 @@ def test_the_environment_turns_replication_on_and_ties_it_to_the_copy_readings(m
         assert built.replicas.copies() == 5
     finally:
         lambda_handler.configure(None)
+
+
+def test_with_steering_and_its_table_the_handler_builds_bounded_store_clients(monkeypatch, local_dynamo):
+    environment_with_a_stubbed_secret(monkeypatch, {"REPLICATION_ENABLED": "true", "STEERING_TABLE": "front-door",
+                                                    "AWS_ENDPOINT_URL_DYNAMODB": local_dynamo.url})
+    lambda_handler.configure(None)
+    try:
+        built = lambda_handler.get_invoker()
+        store = built.replicas.steering.store
+        assert isinstance(store, frontdoor.DynamoSteeringStore) and store.table == "front-door"
+        send, answer = store.client.meta.config, store.answer_client.meta.config
+        assert (send.connect_timeout, send.read_timeout, send.retries["total_max_attempts"]) == (0.05, 0.05, 1)
+        assert (answer.connect_timeout, answer.read_timeout, answer.retries["total_max_attempts"]) == (1.0, 1.0, 1)
+        assert built.limiter is None  # steering alone needs no limits
+    finally:
+        lambda_handler.configure(None)
+    for unset in ({"STEERING_TABLE": ""}, {"REPLICATION_STEERING": "false"}):
+        for name, value in unset.items():
+            monkeypatch.setenv(name, value)
+        lambda_handler.configure(None)
+        try:
+            assert lambda_handler.get_invoker().replicas.steering is None  # replicas in turn, no store
+        finally:
+            lambda_handler.configure(None)

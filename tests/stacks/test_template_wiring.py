@@ -483,7 +483,8 @@ def test_the_limits_table_acknowledges_only_cdk_nags_backup_rule_with_its_reason
                     for key, reason in entry.data.items()}
     assert acknowledged == {"Annotation::AwsSolutions-DDB3": (
         "The table holds only counts that expire within minutes (stream leases, per-minute request and token "
-        "counts); a restore would bring back stale counts, never data worth keeping.")}
+        "counts, hot prefixes' in-flight counts); a restore would bring back stale counts, never data worth "
+        "keeping.")}
 
 
 # ------------------------------------------------------------------------------------ the inference endpoint

@@ -160,3 +160,13 @@ def test_a_stalled_body_does_not_hold_a_thread_for_ever(local, monkeypatch):
     assert stalled.recv(1024) == b""  # the server gave up on the body and closed the connection
     stalled.close()
     assert runtime.requests == []
+
+
+def test_with_replication_and_a_store_the_local_front_door_steers_in_it(local_dynamo):
+    from prefix_routing.frontdoor.local import LOCAL_LIMITS_TABLE, LocalFrontDoor
+
+    env = {"ENDPOINT_NAME": "ep", "INFERENCE_COMPONENT_NAME": "ic", "REPLICATION_ENABLED": "true"}
+    with LocalFrontDoor("http://127.0.0.1:9", env, limits_store_url=local_dynamo.url, emit=lambda line: None) as door:
+        assert door.invoker.replicas.steering.store.table == LOCAL_LIMITS_TABLE
+    with LocalFrontDoor("http://127.0.0.1:9", env, emit=lambda line: None) as door:
+        assert door.invoker.replicas.steering is None  # no store: replicas in turn

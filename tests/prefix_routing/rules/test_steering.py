@@ -93,3 +93,21 @@ def test_redraws_are_bounded_and_a_collided_replica_then_stays():
     state = HotPrefixState(slots=[ReplicaSlot(0)], next_number=MAX_REPLICA_NUMBER + 1)
     state.choose(replicas=3, copies=7)
     assert len(state.slots) == 1  # no number left to draw: the prefix stays on what it has
+
+
+def test_the_keys_tokens_are_the_prompts_in_proportion_of_the_bytes_the_key_covers():
+    from prefix_routing.rules.steering import key_tokens
+
+    assert key_tokens(1000, 8192, 4096) == 500.0  # the key is half the body
+    assert key_tokens(1000, 2048, 4096) == 1000.0  # a body shorter than the key: all of it
+    assert key_tokens(1000, 4096, 4096) == 1000.0
+    assert key_tokens(None, 8192, 4096) == key_tokens(0, 8192, 4096) == key_tokens(1000, 0, 4096) == 0.0
+    assert key_tokens(1000, None, 4096) == key_tokens(-5, 8192, 4096) == 0.0
+
+
+def test_a_collision_is_a_replica_above_zero_with_nine_tenths_of_the_key_cached():
+    from prefix_routing.rules.steering import reveals_collision
+
+    assert reveals_collision(1, 450, 500.0) and not reveals_collision(1, 449, 500.0)
+    assert not reveals_collision(0, 500, 500.0)  # the tenant's own id
+    assert not reveals_collision(2, None, 500.0) and not reveals_collision(2, 10, 0.0)
