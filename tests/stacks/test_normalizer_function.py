@@ -218,10 +218,10 @@ def test_the_function_gets_replication_off_and_the_copy_bounds(default_templates
     stage = load_stage()
     assert {name: env[name] for name in (
         "REPLICATION_ENABLED", "REPLICATION_MAX_REPLICAS", "REPLICATION_TARGET_SHARE_FACTOR",
-        "REPLICATION_HALF_LIFE_S", "REPLICATION_MIN_REQUESTS", "COPIES_MIN", "COPIES_MAX",
-    )} == {"REPLICATION_ENABLED": "false", "REPLICATION_MAX_REPLICAS": "32", "REPLICATION_TARGET_SHARE_FACTOR": "0.1",
-           "REPLICATION_HALF_LIFE_S": "300.0", "REPLICATION_MIN_REQUESTS": "8.0", "COPIES_MIN": str(stage.endpoint.copies_min),
-           "COPIES_MAX": str(stage.endpoint.copies_max)}
+        "REPLICATION_HALF_LIFE_S", "REPLICATION_MIN_REQUESTS", "REPLICATION_STEERING", "COPIES_MIN", "COPIES_MAX",
+    )} == {"REPLICATION_ENABLED": "false", "REPLICATION_MAX_REPLICAS": "32", "REPLICATION_TARGET_SHARE_FACTOR": "0.05",
+           "REPLICATION_HALF_LIFE_S": "300.0", "REPLICATION_MIN_REQUESTS": "12.0", "REPLICATION_STEERING": "true",
+           "COPIES_MIN": str(stage.endpoint.copies_min), "COPIES_MAX": str(stage.endpoint.copies_max)}
     config = InvokeConfig.from_env({name: value if isinstance(value, str) else "token" for name, value in env.items()})
     assert config.replication.enabled is False
     assert (config.copies_min, config.copies_max) == (stage.endpoint.copies_min, stage.endpoint.copies_max)
