@@ -96,6 +96,7 @@ class Replicas:
             record.steering_ms = (time.perf_counter() - started) * 1000.0
         self._remember(prefix, known)
         record.steering, record.steer_ticket, record.replica = STEERING_LEAST_LOADED, ticket, ticket.number
+        record.replicas = min(record.replicas, copies)  # steering uses at most one replica per copy
         return replica_id(routing_id, ticket.number)
 
     def _remember(self, prefix: tuple[str, str], known: bool) -> None:

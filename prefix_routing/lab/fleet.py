@@ -126,9 +126,20 @@ from prefix_routing.lab.routing import _KV_AWARE, ROUTING_OVERHEAD_S, Router, St
 from prefix_routing.lab.slot_cache import VLLM_BLOCKS, SlotCache
 from prefix_routing.lab.steering import SteeredReplicas
 from prefix_routing.rules.errors import UserError
-from prefix_routing.rules.replication import HotPrefixes
+from prefix_routing.rules.replication import HotPrefixes, replica_id
 
-_REPLICA = "replica"  # a replica's routing key: (_REPLICA, j, key), as <id>-r<j> is another id
+_REPLICA = "replica"  # a client-keyed replica's routing key: ClientKey((_REPLICA, j, key))
+
+
+def replica_key(key: Hashable, j: int) -> Hashable:
+    """The routing key of replica ``j`` > 0 of ``key``, as the router sees the front door's request:
+    the same prefix under the ``PrefixAwareId`` ``<id>-r<j>`` (``r<j>`` without an id), so that the
+    lab and the emulator hash a replica to the same copy."""
+    if key.__class__ is ClientKey:
+        return ClientKey((_REPLICA, j, key))
+    if key.__class__ is tuple and len(key) == 2 and key[0].__class__ is str:  # (PrefixAwareId, prefix)
+        return replica_id(key[0], j), key[1]
+    return replica_id(None, j), key
 _consume = deque(maxlen=0).extend  # runs an iterator to its end in C
 _NONES = _repeat(None)  # endless; map() stops at the shorter iterable
 
@@ -386,7 +397,7 @@ class Fleet:
                 prefix = key
                 j = hot.route(key, now, n) if self._steered else hot.assign(key, now, n)[0]
                 if j:
-                    key = (_REPLICA, j, key) if key.__class__ is not ClientKey else ClientKey((_REPLICA, j, key))
+                    key = replica_key(key, j)
                     self.replicated += 1
             g, spilled = self._choose(key, out)
             if g < 0:  # autoscaling: no copy serving; SageMaker fails it (NoCapacityInvocationFailures)

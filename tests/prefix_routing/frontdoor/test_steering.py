@@ -111,6 +111,14 @@ def test_a_hot_prefix_goes_to_the_replica_with_the_fewest_in_flight():
     assert store.items[KEY_A][1] == 6  # 5 writes and 1 release, each a new version
 
 
+def test_the_line_counts_the_replicas_in_use_at_most_one_per_copy():
+    store = FakeStore()
+    replicas, _ = steered(store, factor=0.01, copies_min=2, copies_max=2)  # k = 4 wanted on 2 copies
+    sent = [record() for _ in range(3)]
+    assert [replicas.route("tid", r) for r in sent] == ["tid", "tid-r1", "tid"]
+    assert [r.replicas for r in sent] == [2, 2, 2]
+
+
 def test_ties_in_flight_go_to_the_replica_sent_the_fewest():
     store = FakeStore()
     replicas, _ = steered(store)
