@@ -61,12 +61,9 @@ class BenchmarkSettings(Section):
     @classmethod
     def _s3_uri(cls, value: str | None) -> str | None:
         # The same rules as model.model_s3_uri (config.py); imported here, once config.py is loaded.
-        from prefix_routing.stage.config import _S3_URI_ALLOWED, _s3_uri_problem
+        from prefix_routing.stage.config import checked_s3_uri
 
-        problem = _s3_uri_problem(value) if value is not None else None
-        if problem:
-            raise ValueError(f"{problem}; allowed: {_S3_URI_ALLOWED}")
-        return value
+        return checked_s3_uri(value)
 
     @model_validator(mode="after")
     def _needs_s3_uri(self) -> "BenchmarkSettings":

@@ -238,6 +238,14 @@ EnvironmentKey = Annotated[str, AfterValidator(_environment_key)]
 EnvironmentValue = Annotated[str, AfterValidator(_environment_value)]
 
 
+def checked_s3_uri(value: str | None) -> str | None:
+    """An S3 folder URI a stage may name (the model's, the benchmark's), unchanged; ValueError otherwise."""
+    problem = _s3_uri_problem(value) if value is not None else None
+    if problem:
+        raise ValueError(f"{problem}; allowed: {_S3_URI_ALLOWED}")
+    return value
+
+
 def _s3_uri_problem(value: str) -> str | None:
     if not value.startswith("s3://"):
         return "must begin with s3://"
@@ -320,10 +328,7 @@ class ModelSettings(_Section):
     @field_validator("model_s3_uri")
     @classmethod
     def _s3_uri(cls, value: str | None) -> str | None:
-        problem = _s3_uri_problem(value) if value is not None else None
-        if problem:
-            raise ValueError(f"{problem}; allowed: {_S3_URI_ALLOWED}")
-        return value
+        return checked_s3_uri(value)
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelSettings":

@@ -203,10 +203,11 @@ class FakeTune:
     def __init__(self, table, picks):
         self.table, self.picks, self.calls = table, list(picks), []
 
-    def __call__(self, trace, config, *, prefix_lengths, thresholds, baselines, replications, reuse_share=None):
+    def __call__(self, trace, config, *, prefix_lengths, thresholds, baselines, replications, reuse_share=None,
+                 memo=None):
         self.calls.append({"trace": trace, "config": config, "prefix_lengths": list(prefix_lengths),
                            "thresholds": list(thresholds), "baselines": tuple(baselines),
-                           "replications": tuple(replications), "reuse_share": reuse_share})
+                           "replications": tuple(replications), "reuse_share": reuse_share, "memo": memo})
         points = [self.table[(pl, t)] for pl in prefix_lengths for t in thresholds]
         return {"points": points, "recommendation": self.table[self.picks.pop(0)],
                 "baselines": [RANDOM] if Strategy.RANDOM in baselines else [], "tenants": TENANTS}
@@ -245,6 +246,7 @@ def test_the_search_tries_every_prefix_length_at_the_current_threshold_then_ever
     assert first["config"].strategy is Strategy.PREFIX_AWARE and first["trace"] is trace
     assert second["prefix_lengths"] == [8192] and second["thresholds"] == [4, 10, 16]  # 2 is below the target
     assert second["baselines"] == (Strategy.RANDOM,) and second["reuse_share"] == 0.6
+    assert first["memo"] == {} and second["memo"] is first["memo"]  # one memo: no setting simulated twice
     assert analyzed == [(trace, {"prefix_lengths": (), "group_blocks": ()})]
     # The pick (8192, 4) gains 12 points and 20 % of P50 over now (4096, 10): better.
     assert (advice["best"]["prefix_length"], advice["best"]["concurrency_threshold"]) == (8192, 4)
