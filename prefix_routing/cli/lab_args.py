@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -575,3 +576,34 @@ def _json_default(value):
     if isinstance(value, Strategy):
         return value.value
     raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def add_sample_argument(parser) -> None:
+    parser.add_argument("--sample", type=_sample_rate, metavar="R|auto",
+                        help="simulate a sample of the routing keys (PrefixAwareId and first PrefixLength bytes) at rate R "
+                        "(0.0001-1, or 10%%) on caches and a clock scaled by R (a miniature simulation); auto: about "
+                        "200,000 requests; the hit rate comes with its sampling error")
+
+
+def _sample_rate(text: str):
+    from prefix_routing.lab.sampling import parse_rate
+
+    try:
+        return parse_rate(text)
+    except UserError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix(f"--sample {text!r}: ")) from None
+
+
+def sampled(args, trace, config, *, users=None, limits=None, domains=None):
+    """(trace, config, speed, rate, requests before sampling) for ``--sample`` (rate 1: unchanged)."""
+    from prefix_routing.lab import sampling
+
+    requested = getattr(args, "sample", None)
+    speed = getattr(args, "speed", 1.0)
+    if requested is None:
+        return trace, config, speed, 1.0, len(trace)
+    rate = sampling.auto_rate(len(trace)) if requested == "auto" else requested
+    if rate >= 1.0:
+        return trace, config, speed, 1.0, len(trace)
+    sampling.check_sampling(config, users=users, limits=limits, domains=domains)
+    return sampling.sample(trace, rate, config.key_blocks), sampling.miniature(config, rate), speed / rate, rate, len(trace)

@@ -34,6 +34,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--domains", type=lab_args._ranged_int("--domains", 2, 8), metavar="K",
                         help="also price isolation: the same fleet as one shared component against K trust domains "
                         "(the tenants dealt round-robin, an equal share of the copies each), with PREFIX_AWARE")
+    lab_args.add_sample_argument(parser)
     parser.add_argument("--as-sent", action="store_true",
                         help="raw bodies (--format bodies): route on the bytes as the clients sent them, as with no "
                         "front door; the misses of requests whose bytes key differently count as 're-keyed'")
@@ -60,8 +61,14 @@ def run(args) -> int:
     if args.as_sent and not trace.raw_keys:
         raise UserError(f"--as-sent routes raw request bodies on their own bytes; {trace.source} is not raw bodies "
                         "(--format bodies)")
-    results = lab.simulate_many(trace, config, strategies, speed=args.speed, progress=args.progress, users=args.users,
+    trace, config, speed, rate, whole = lab_args.sampled(args, trace, config, users=args.users, limits=limits,
+                                                        domains=args.domains)
+    results = lab.simulate_many(trace, config, strategies, speed=speed, progress=args.progress, users=args.users,
                                 as_sent=args.as_sent, limits=limits)
+    if rate < 1.0:
+        from prefix_routing.lab.sampling import scale_back
+
+        results = [scale_back(r, trace, rate, whole, config.key_blocks) for r in results]
     tenants = tenant_summary(trace)
     isolation = None
     if args.domains is not None:
@@ -88,6 +95,9 @@ def run(args) -> int:
     pacing = (f"closed loop, {args.users} users (each sends its next request when its last has finished)"
               if args.users else f"replayed at {args.speed:g}×")
     print(f"trace: {trace.source}: {len(trace):,} requests over {trace.duration_s:,.0f} s, {pacing}")
+    if rate < 1.0:
+        print(f"sample: the routing keys at rate {rate:g} ({len(trace):,} of {whole:,} requests), each copy's prefix "
+              f"cache × {rate:g}, the clock × {1 / rate:g}; figures in the whole trace's units")
     print(f"fleet: {lab_args.describe_fleet(config)}")
     for line in lab_args.settings_lines(args, config, strategies, trace):
         print(line)
@@ -167,7 +177,8 @@ def _miss_share(name: str):
 
 def table(results) -> str:
     rows = [
-        ("hit rate (tokens)", lambda r: f"{r.hit_rate:.1%}"),
+        ("hit rate (tokens)", lambda r: f"{r.hit_rate:.1%}" + (
+            f" ±{r.extra['sample']['hit_rate_band']:.1%}" if "sample" in r.extra else "")),
         ("TTFT P50 (ms)", lambda r: f"{r.ttft_p50_s * 1000:,.0f}"),
         ("TTFT P90 (ms)", lambda r: f"{r.ttft_p90_s * 1000:,.0f}"),
         ("TTFT P99 (ms)", lambda r: f"{r.ttft_p99_s * 1000:,.0f}"),

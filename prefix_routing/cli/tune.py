@@ -8,6 +8,7 @@ from prefix_routing import lab
 from prefix_routing.cli import lab_args
 from prefix_routing.lab.routing import Strategy
 from prefix_routing.lab.simulate import check_autoscaling
+from prefix_routing.rules.errors import UserError
 
 HELP = "tune PrefixLength and ConcurrencyThreshold on a trace: frontier, recommendation, config snippet"
 
@@ -20,6 +21,7 @@ def add_arguments(parser) -> None:
         "--max-imbalance", type=lab_args._positive_float("--max-imbalance"), default=1.2, metavar="X",
         help="largest acceptable max/mean requests per instance (default 1.2)",
     )
+    lab_args.add_sample_argument(parser)
 
 
 def run(args) -> int:
@@ -34,6 +36,12 @@ def run(args) -> int:
     baselines = [s for s in strategies if s is not Strategy.PREFIX_AWARE]
     config = lab_args.settle_autoscaling(args, config, [Strategy.PREFIX_AWARE])
     check_autoscaling(config, [Strategy.PREFIX_AWARE])  # the grid is PREFIX_AWARE's
+    replications = replication_sweep(args)
+    if getattr(args, "sample", None) is not None and any(replications):
+        raise UserError("--sample: a sampled run does not model hot-prefix replication (its shares count requests, "
+                        "which a sample thins); leave --sample out")
+    # Sampled by the keys of the fleet's own PrefixLength (the first given, or the default).
+    trace, config, speed, rate, whole = lab_args.sampled(args, trace, config, limits=limits)
     result = lab.tune(
         trace,
         config,
@@ -41,11 +49,14 @@ def run(args) -> int:
         thresholds=args.concurrency_threshold or lab.CANDIDATE_THRESHOLDS,
         baselines=baselines,
         max_imbalance=args.max_imbalance,
-        speed=args.speed,
+        speed=speed,
         progress=args.progress,
-        replications=replication_sweep(args),
+        replications=replications,
         limits=limits,
     )
+    if rate < 1.0:
+        result["sample"] = {"rate": rate, "requests": len(trace), "of_requests": whole,
+                            "keyed_on_prefix_length": config.prefix_length}
     out = lab_args.plot_dir(args, "tune")
     result["plots"] = [str(p) for p in lab.plot_tune(result, out)] if out else []
     result["fleet"] = lab_args.settings_dict(args, config)
@@ -86,6 +97,10 @@ def recommendation_warnings(result: dict, config) -> list[str]:
 def render(result: dict, config, settings: list[str] = ()) -> str:
     lines = [
         f"trace: {result['source']}: {result['requests']:,} requests",
+        *([f"sample: the routing keys of PrefixLength {result['sample']['keyed_on_prefix_length']} at rate "
+           f"{result['sample']['rate']:g} ({result['sample']['requests']:,} of {result['sample']['of_requests']:,} "
+           "requests) on caches and a clock scaled by it; settings keyed on fewer bytes read somewhat high"]
+          if result.get("sample") else []),
         f"fleet: {lab_args.describe_fleet(config)}",
         *settings,
         *(f"warning: {w}" for w in result.get("warnings", [])),

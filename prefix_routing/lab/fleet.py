@@ -197,7 +197,7 @@ class Fleet:
                              copies_per_instance=config.copies, seed=config.seed, rng=self._rng)
         capacity = config.capacity_tokens
         self._infinite = math.isinf(capacity)
-        self._cap_blocks = 0 if self._infinite else int(capacity // config.block_tokens)
+        self._cap_blocks = 0 if self._infinite else int(capacity * config.cache_scale // config.block_tokens)
         self._caches: list = [set() if self._infinite else OrderedDict() for _ in range(n)]
         self._out = [0] * n  # in flight (routing's view)
         self._done: list = []  # heap of (client finish, copy) for the in-flight counts

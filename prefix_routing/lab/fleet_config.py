@@ -53,6 +53,10 @@ class FleetConfig:
     # Copy autoscaling (lab/autoscaling.py); None: the copies are fixed. instances × copies is the
     # most copies there can be.
     autoscaling: AutoscalingSettings | None = None
+    # The share of each copy's KV cache its prefix cache holds: a simulation of a sample of the keys
+    # at rate R (lab/sampling.py) gives each copy R of its cache; the engine's admission budget (the
+    # tokens running requests may reserve) stays whole.
+    cache_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if isinstance(self.preset, str):
@@ -71,6 +75,8 @@ class FleetConfig:
             )
         check_int("prefix_length", self.prefix_length, *PREFIX_LENGTH_RANGE)
         check_int("concurrency_threshold", self.concurrency_threshold, *CONCURRENCY_THRESHOLD_RANGE)
+        if not (isinstance(self.cache_scale, (int, float)) and 0 < self.cache_scale <= 1):
+            raise UserError(f"cache_scale={self.cache_scale!r}: must be a number above 0, at most 1")
         if self.cache_tokens is not None and not (self.cache_tokens >= 0):
             raise UserError(f"cache_tokens={self.cache_tokens}: must be >= 0 or infinite")
         if not (self.bytes_per_token > 0):

@@ -61,6 +61,7 @@ class SimResult:
     # Per tenant (lab/tenant_report.py), when the trace names tenants or limits are modelled; the 429s.
     tenants: list[dict] | None = None
     throttled: int = 0
+    cached_tokens: Sequence[float] = ()  # per request, in the trace's order (the simulator's own array)
 
     def as_dict(self) -> dict:
         total_req = sum(self.instance_requests) or 1
@@ -105,6 +106,7 @@ class SimResult:
                 "replicated_requests": self.replicated_requests,
                 **self.extra.get("steering", {})} if cfg.replicating else {}),
             **({"notes": list(self.notes)} if self.notes else {}),
+            **({"sample": self.extra["sample"]} if "sample" in self.extra else {}),
             **({"throttled": self.throttled, "tenants": self.tenants} if self.tenants is not None else {}),
             "wall_s": self.wall_s,
         }
@@ -433,6 +435,7 @@ def _result(sim: Simulator) -> SimResult:
         misses=fleet.misses.as_dict(),
         tenants=None if sim.tenant_book is None else tenant_rows(sim.tenant_book, ttft, ok, sim.outputs, span),
         throttled=0 if sim.tenant_book is None else sim.tenant_book.throttled_total,
+        cached_tokens=sim.cached,
     )
 
 

@@ -422,3 +422,22 @@ def test_analyze_and_tune_say_prefix_aware_routing_pays_on_the_mooncake_trace(ca
     random = next(b for b in result["baselines"] if b["strategy"] == "RANDOM")
     best = result["recommendation"]
     assert result["verdict"]["hit_rate_gain_points"] == pytest.approx(100 * (best["hit_rate"] - random["hit_rate"]))
+
+
+def test_simulate_and_tune_with_a_sample_say_its_rate_size_and_band(capsys):
+    common = ["--workload", "long-context", "--limit", "4000", "--json", "--no-plots"]
+    code, out, err = run(capsys, "simulate", *common, "--strategy", "RANDOM", "--sample", "20%")
+    assert code == 0, err
+    doc = json.loads(out)
+    sample = doc["results"][0]["sample"]
+    assert sample["rate"] == pytest.approx(0.2) and sample["of_requests"] == 4000
+    assert 0 < sample["requests"] < 4000 and 0 < sample["hit_rate_band"] < 0.2
+    assert "sampled at 0.2" in doc["trace"]["source"]
+    code, out, err = run(capsys, "tune", *common, "--sample", "0.5", "--prefix-length", "4096", "--concurrency-threshold", "10")
+    assert code == 0, err
+    tuned = json.loads(out)
+    assert tuned["sample"]["rate"] == 0.5 and tuned["sample"]["keyed_on_prefix_length"] == 4096
+    code, _, err = run(capsys, "simulate", *common, "--sample", "0")
+    assert code == 2 and "--sample" in err and "a rate from 0.0001 to 1" in err
+    code, _, err = run(capsys, "simulate", *common, "--sample", "0.5", "--replication", "on")
+    assert code == 2 and "--sample: a sampled run does not model hot-prefix replication" in err
