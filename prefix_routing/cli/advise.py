@@ -26,6 +26,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--region", help="--log-group: AWS region (default: the stage's, or the usual chain)")
     parser.add_argument("--copies", type=lab_args._ranged_int("--copies", 1, 1024), metavar="N",
                         help="copies now (default: the stage's copies_max, the endpoint at its size)")
+    lab_args.add_sample_argument(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
@@ -59,7 +60,13 @@ def run(args) -> int:
         window = traces.read_cloudwatch(group, end - int(parse_age(args.since) * 1000), end, region=region)
     lab_args.report_skipped(window)
     config = FleetConfig(**values, block_tokens=window.block_tokens, block_bytes=window.block_bytes)
-    advice = advisor.advise(window, config, min_threshold=stage.scaling.target_concurrent_requests_per_copy)
+    rate = args.sample
+    if rate == "auto":
+        from prefix_routing.lab.sampling import auto_rate
+
+        rate = auto_rate(len(window))
+    advice = advisor.advise(window, config, min_threshold=stage.scaling.target_concurrent_requests_per_copy,
+                            sample=1.0 if rate is None else rate)
     if args.json:
         lab_args.print_json(advice)
     else:

@@ -60,12 +60,16 @@ def advise(
     thresholds: Sequence[int] = CANDIDATE_THRESHOLDS,
     settings: NotifySettings = NotifySettings(),
     min_threshold: float = 1,
+    sample: float = 1.0,
 ) -> dict:
     """The advice for one window. ``config`` is the endpoint as deployed: its PrefixLength and
     ConcurrencyThreshold are the current settings (and are always among the candidates). The search
     runs about len(prefix_lengths) + len(thresholds) simulations, not their product. Thresholds
     below ``min_threshold`` (the stage's scaling target: copies must not spill before autoscaling
-    adds capacity, a rule the stage file enforces) are not recommended."""
+    adds capacity, a rule the stage file enforces) are not recommended. ``sample`` below 1: the
+    simulations run on a miniature of the window (lab/sampling.py: its routing keys at the current
+    PrefixLength sampled at that rate); the bound, the reuse share and the measured hit rate stay the
+    whole window's."""
     if not len(trace):
         raise UserError(f"{trace.source}: the window has no requests")
     current_config = replace(config, strategy=Strategy.PREFIX_AWARE)
@@ -77,12 +81,19 @@ def advise(
     grid_thresholds = sorted({*(t for t in thresholds if t >= min_threshold), config.concurrency_threshold})
     deployed = (config.replication,)  # the front door's replication as deployed
     memo: dict = {}  # the two passes share simulations (the best length at the current threshold) and keys
-    by_length = tune(trace, current_config, prefix_lengths=grid_lengths,
-                     thresholds=[config.concurrency_threshold], baselines=(), replications=deployed, memo=memo)
+    simulated, speed = trace, 1.0
+    if sample < 1.0:
+        from prefix_routing.lab import sampling
+
+        sampling.check_sampling(current_config)
+        simulated = sampling.sample(trace, sample, current_config.key_blocks)
+        current_config, speed = sampling.miniature(current_config, sample), 1.0 / sample
+    by_length = tune(simulated, current_config, prefix_lengths=grid_lengths, thresholds=[config.concurrency_threshold],
+                     baselines=(), replications=deployed, memo=memo, speed=speed)
     current = next(p for p in by_length["points"] if p["prefix_length"] == config.prefix_length)
-    tuned = tune(trace, current_config, prefix_lengths=[by_length["recommendation"]["prefix_length"]],
+    tuned = tune(simulated, current_config, prefix_lengths=[by_length["recommendation"]["prefix_length"]],
                  thresholds=grid_thresholds, baselines=(Strategy.RANDOM,), replications=deployed,
-                 reuse_share=reuse["prefix_reuse"], memo=memo)
+                 reuse_share=reuse["prefix_reuse"], memo=memo, speed=speed)
     best = _choose(tuned["recommendation"], current, by_length["points"] + tuned["points"], settings)
     kept = best is current
     gain_points, ttft_gain = _gains(best, current)
@@ -90,7 +101,8 @@ def advise(
     random = next(b for b in tuned["baselines"] if b["strategy"] == Strategy.RANDOM.value)
     bound, measured = reuse["hit_rate_bound_tokens"], trace.measured_hit_rate()
     return {
-        "window": {"source": trace.source, "requests": len(trace), "duration_s": trace.duration_s},
+        "window": {"source": trace.source, "requests": len(trace), "duration_s": trace.duration_s,
+                   **({"sample": {"rate": sample, "requests": len(simulated)}} if sample < 1.0 else {})},
         "hit_rate_bound": bound,
         "prefix_reuse_share": reuse["prefix_reuse"],
         "measured_hit_rate": measured,
@@ -204,8 +216,11 @@ def render(advice: dict) -> str:
     cur, best = advice["current"], advice["best"]
     measured = advice["measured_hit_rate"]
     w = advice["window"]
+    sampled = w.get("sample")
     lines = [
-        f"window: {w['source']}: {w['requests']:,} requests over {w['duration_s']:,.0f} s",
+        f"window: {w['source']}: {w['requests']:,} requests over {w['duration_s']:,.0f} s"
+        + (f"; simulated on a sample of its routing keys at rate {sampled['rate']:g} ({sampled['requests']:,} "
+           "requests)" if sampled else ""),
         f"hit rate measured in production: {'not reported' if measured is None else f'{measured:.1%}'}; "
         f"bound (one infinite shared cache): {advice['hit_rate_bound']:.1%}",
     ]

@@ -85,6 +85,17 @@ def test_with_the_good_setting_there_is_nothing_to_change(window):
     assert advice["better"] is False and "no change" in advisor.render(advice)
 
 
+def test_a_sampled_advice_simulates_a_miniature_and_keeps_the_whole_windows_bound(window):
+    whole = advisor.advise(window, fleet(8192), thresholds=(1024,))
+    advice = advisor.advise(window, fleet(8192), thresholds=(1024,), sample=0.5)
+    sampled = advice["window"]["sample"]
+    assert sampled["rate"] == 0.5 and 0 < sampled["requests"] < len(window)
+    assert advice["window"]["requests"] == len(window)  # the window itself is whole
+    assert (advice["hit_rate_bound"], advice["measured_hit_rate"]) == (whole["hit_rate_bound"], whole["measured_hit_rate"])
+    assert "simulated on a sample of its routing keys at rate 0.5" in advisor.render(advice)
+    assert "sample" not in whole["window"]
+
+
 def test_a_notification_comes_once_after_the_runs_and_not_again_for_the_same_advice():
     better = {"better": True, "best": {"prefix_length": 8192, "concurrency_threshold": 16}}
     other = {"better": True, "best": {"prefix_length": 4096, "concurrency_threshold": 16}}

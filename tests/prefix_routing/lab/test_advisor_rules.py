@@ -204,7 +204,7 @@ class FakeTune:
         self.table, self.picks, self.calls = table, list(picks), []
 
     def __call__(self, trace, config, *, prefix_lengths, thresholds, baselines, replications, reuse_share=None,
-                 memo=None):
+                 memo=None, speed=1.0):
         self.calls.append({"trace": trace, "config": config, "prefix_lengths": list(prefix_lengths),
                            "thresholds": list(thresholds), "baselines": tuple(baselines),
                            "replications": tuple(replications), "reuse_share": reuse_share, "memo": memo})

@@ -1,0 +1,137 @@
+"""How far a miniature simulation is from the whole: sampled (1 %, 5 %, 10 %) against full runs.
+
+For each workload, the full simulation and the miniatures (``lab.sampling``: a hash sample of the
+routing keys, each copy's prefix cache and the clock scaled by the rate) with PREFIX_AWARE, and
+with ``tune`` on a small grid (PrefixLength 1024, 4096, 16384 × ConcurrencyThreshold 4, 16) the
+recommended setting of each. Printed per workload and rate: the hit rate and its error against
+the full run (points) with the miniature's own 95 % band, P50 TTFT and its error, the
+recommendation, whether it is the full run's, and what it would cost judged by the full run (its
+hit rate and P50 TTFT there against the full run's own pick: settings that tie swap places), and
+the seconds each took.
+
+Workloads: the Mooncake trace (../shared/traces, 12,031 requests, 8 × p5), AWS's long-context
+workload with uniform and Zipf 1.1 prefixes (about 10,800 requests, 7 × p5), and a large one made
+by the same generator at ``--large-rps`` requests per second for an hour (default 1,000: 3.6
+million requests, 333 times the prefixes on 333 times the copies, so each copy's load is the
+small workload's). Target, at 10 %: hit rate within 1 point of the full run and a recommendation
+as good as the full run's (within 1 point and 5 % of P50 there), on the large workload (a sample of a few hundred keys, as the small ones give at
+1 %, is only as good as its band says). Exit status 1 if missed.
+
+    python bench/bench_sampling.py [--large-rps 1000] [--no-large] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from prefix_routing import lab  # noqa: E402
+from prefix_routing.lab import sampling, traces  # noqa: E402
+from prefix_routing.lab.fleet_config import FleetConfig  # noqa: E402
+from prefix_routing.lab.routing import Strategy  # noqa: E402
+from prefix_routing.lab.workloads import LongContextSpec, long_context_workload  # noqa: E402
+
+TRACE = ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"
+RATES = (0.10, 0.05, 0.01)
+GRID = {"prefix_lengths": (1024, 4096, 16384), "thresholds": (4, 16)}
+TARGET_POINTS = 1.0
+TARGET_P50 = 0.05  # a recommendation as good as the full run's: within 1 point and 5 % of P50
+
+
+def workloads(large_rps: float | None):
+    if TRACE.exists():
+        trace = traces.read_mooncake(TRACE)
+        yield "Mooncake trace", trace, lab.config_for_trace(FleetConfig(instances=8), trace)
+    for name, zipf in (("long-context, uniform", 0.0), ("long-context, Zipf 1.1", 1.1)):
+        spec = LongContextSpec(zipf=zipf)
+        yield name, long_context_workload(spec, seed=0), spec.fleet_config()
+    if large_rps:
+        scale = large_rps / LongContextSpec.rate_rps
+        spec = LongContextSpec(rate_rps=large_rps, prefixes=round(LongContextSpec.prefixes * scale),
+                               instances=round(LongContextSpec.instances * scale))
+        yield f"long-context at {large_rps:g} requests/s", long_context_workload(spec, seed=0), spec.fleet_config()
+
+
+def measure(trace, config, rate: float) -> dict:
+    """One run at ``rate`` (1: the whole): the PREFIX_AWARE figures and the small grid's recommendation."""
+    started = time.perf_counter()
+    config = replace(config, strategy=Strategy.PREFIX_AWARE)
+    part, fleet, speed = trace, config, 1.0
+    if rate < 1.0:
+        part, fleet, speed = sampling.sample(trace, rate, config.key_blocks), sampling.miniature(config, rate), 1.0 / rate
+    result = lab.simulate(part, fleet, speed=speed)
+    if rate < 1.0:
+        result = sampling.scale_back(result, part, rate, len(trace), config.key_blocks)
+    simulated = time.perf_counter()
+    tuned = lab.tune(part, fleet, baselines=(), speed=speed, progress=False, **GRID)
+    rec = tuned["recommendation"]
+    return {
+        "rate": rate, "requests": len(part), "hit_rate": result.hit_rate,
+        "band": result.extra.get("sample", {}).get("hit_rate_band", 0.0), "ttft_p50_s": result.ttft_p50_s,
+        "recommended": [rec["prefix_length"], rec["concurrency_threshold"]],
+        "points": {(p["prefix_length"], p["concurrency_threshold"]): p for p in tuned["points"]},
+        "simulate_s": simulated - started, "tune_s": time.perf_counter() - simulated,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--large-rps", type=float, default=1000.0, help="the large workload's rate (default 1000)")
+    parser.add_argument("--no-large", action="store_true", help="leave the large workload out")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if not args.no_large and not 3 <= args.large_rps <= 2000:
+        parser.error(f"--large-rps {args.large_rps:g}: must be from 3 to 2000")
+    rows, missed = [], []
+    for name, trace, config in workloads(None if args.no_large else args.large_rps):
+        full = measure(trace, config, 1.0)
+        rows.append({"workload": name, **{k: v for k, v in full.items() if k != "points"}})
+        for rate in RATES:
+            mini = measure(trace, config, rate)
+            mini["hit_error_points"] = 100.0 * (mini["hit_rate"] - full["hit_rate"])
+            mini["p50_error"] = mini["ttft_p50_s"] / full["ttft_p50_s"] - 1.0 if full["ttft_p50_s"] else 0.0
+            mini["same_recommendation"] = mini["recommended"] == full["recommended"]
+            # What following the miniature would cost, judged by the full run: its pick's hit rate
+            # and P50 TTFT there against the full run's own pick.
+            chosen, best = full["points"][tuple(mini["recommended"])], full["points"][tuple(full["recommended"])]
+            mini["regret_points"] = 100.0 * (best["hit_rate"] - chosen["hit_rate"])
+            mini["regret_p50"] = chosen["ttft_p50_s"] / best["ttft_p50_s"] - 1.0 if best["ttft_p50_s"] else 0.0
+            del mini["points"]
+            rows.append({"workload": name, **mini})
+            if rate == 0.10 and name.startswith("long-context at") and (
+                    abs(mini["hit_error_points"]) > TARGET_POINTS
+                    or mini["regret_points"] > TARGET_POINTS or mini["regret_p50"] > TARGET_P50):
+                missed.append(f"{name} at 10 %: {mini['hit_error_points']:+.2f} points, recommendation "
+                              f"{mini['recommended']} against {full['recommended']}")
+        del trace
+    if args.json:
+        print(json.dumps({"rows": rows, "missed": missed}, indent=2))
+    else:
+        print("| workload | sample | requests | hit rate | error (points) | band (95 %) | P50 TTFT (ms) | error | "
+              "recommended (PrefixLength, threshold) | same | its full-run cost (points, P50) | simulate s | tune s |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            whole = r["rate"] == 1.0
+            print(f"| {r['workload']} | {'all' if whole else format(r['rate'], '.0%')} | {r['requests']:,} | "
+                  f"{r['hit_rate']:.2%} | {'' if whole else format(r['hit_error_points'], '+.2f')} | "
+                  f"{'' if whole else '±' + format(100 * r['band'], '.2f')} | {1000 * r['ttft_p50_s']:,.0f} | "
+                  f"{'' if whole else format(r['p50_error'], '+.1%')} | {tuple(r['recommended'])} | "
+                  f"{'' if whole else ('yes' if r['same_recommendation'] else 'no')} | "
+                  f"{'' if whole else format(r['regret_points'], '+.2f') + ', ' + format(r['regret_p50'], '+.1%')} | "
+                  f"{r['simulate_s']:.1f} | "
+                  f"{r['tune_s']:.1f} |")
+        print("target (the large workload at 10 %: hit rate within 1 point; a recommendation that costs at most 1 point "
+              "and 5 % of P50 in the full run): "
+              + ("met" if not missed else "MISSED: " + "; ".join(missed)))
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
