@@ -10,14 +10,15 @@ hit rate and P50 TTFT there against the full run's own pick: settings that tie s
 the seconds each took.
 
 Workloads: the Mooncake trace (../shared/traces, 12,031 requests, 8 × p5), AWS's long-context
-workload with uniform and Zipf 1.1 prefixes (about 10,800 requests, 7 × p5), and a large one made
-by the same generator at ``--large-rps`` requests per second for an hour (default 1,000: 3.6
-million requests, 333 times the prefixes on 333 times the copies, so each copy's load is the
-small workload's). Target, at 10 %: hit rate within 1 point of the full run and a recommendation
-as good as the full run's (within 1 point and 5 % of P50 there), on the large workload (a sample of a few hundred keys, as the small ones give at
-1 %, is only as good as its band says). Exit status 1 if missed.
+workload with uniform and Zipf 1.1 prefixes (about 10,800 requests, 7 × p5), and with
+``--large-rps N`` a large one made by the same generator at N requests per second for an hour
+(1,000: 3.6 million requests, 333 times the prefixes on 333 times the copies, so each copy's load
+is the small workload's; about 22 minutes and 11 GB here, so not part of ``make bench``). Target, on the large workload at 10 % (so only with ``--large-rps``): hit rate within 1 point of
+the full run and a recommendation as good as the full run's (within 1 point and 5 % of P50 there);
+the small workloads are reported, not judged (a sample of a few hundred keys is only as good as its
+band says). Exit status 1 if missed.
 
-    python bench/bench_sampling.py [--large-rps 1000] [--no-large] [--json]
+    python bench/bench_sampling.py [--large-rps 1000] [--json]
 """
 
 from __future__ import annotations
@@ -83,14 +84,14 @@ def measure(trace, config, rate: float) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--large-rps", type=float, default=1000.0, help="the large workload's rate (default 1000)")
-    parser.add_argument("--no-large", action="store_true", help="leave the large workload out")
+    parser.add_argument("--large-rps", type=float, default=None, metavar="N",
+                        help="add the large workload at N requests/s for an hour (1000: 3.6 million requests)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    if not args.no_large and not 3 <= args.large_rps <= 2000:
+    if args.large_rps is not None and not 3 <= args.large_rps <= 2000:
         parser.error(f"--large-rps {args.large_rps:g}: must be from 3 to 2000")
     rows, missed = [], []
-    for name, trace, config in workloads(None if args.no_large else args.large_rps):
+    for name, trace, config in workloads(args.large_rps):
         full = measure(trace, config, 1.0)
         rows.append({"workload": name, **{k: v for k, v in full.items() if k != "points"}})
         for rate in RATES:
@@ -129,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['tune_s']:.1f} |")
         print("target (the large workload at 10 %: hit rate within 1 point; a recommendation that costs at most 1 point "
               "and 5 % of P50 in the full run): "
-              + ("met" if not missed else "MISSED: " + "; ".join(missed)))
+              + ("not judged without --large-rps" if args.large_rps is None
+                 else "met" if not missed else "MISSED: " + "; ".join(missed)))
     return 1 if missed else 0
 
 
