@@ -64,12 +64,14 @@ def measure(trace, config, rate: float) -> dict:
     """One run at ``rate`` (1: the whole): the PREFIX_AWARE figures and the small grid's recommendation."""
     started = time.perf_counter()
     config = replace(config, strategy=Strategy.PREFIX_AWARE)
-    part, fleet, speed = trace, config, 1.0
+    part, fleet, speed, share = trace, config, 1.0, 1.0
     if rate < 1.0:
-        part, fleet, speed = sampling.sample(trace, rate, config.key_blocks), sampling.miniature(config, rate), 1.0 / rate
+        part = sampling.sample(trace, rate, config.key_blocks)
+        fleet, share = sampling.miniature(config, rate)
+        speed = 1.0 / share
     result = lab.simulate(part, fleet, speed=speed)
     if rate < 1.0:
-        result = sampling.scale_back(result, part, rate, len(trace), config.key_blocks)
+        result = sampling.scale_back(result, part, rate, len(trace), config.key_blocks, share)
     simulated = time.perf_counter()
     tuned = lab.tune(part, fleet, baselines=(), speed=speed, progress=False, **GRID)
     rec = tuned["recommendation"]

@@ -594,16 +594,18 @@ def _sample_rate(text: str):
         raise argparse.ArgumentTypeError(str(error).removeprefix(f"--sample {text!r}: ")) from None
 
 
-def sampled(args, trace, config, *, users=None, limits=None, domains=None):
-    """(trace, config, speed, rate, requests before sampling) for ``--sample`` (rate 1: unchanged)."""
+def sampled(args, trace, config, *, strategies=None, users=None, limits=None, domains=None):
+    """(trace, config, speed, rate, share, requests before sampling) for ``--sample`` (rate 1: unchanged;
+    ``share``: each miniature copy's share of a whole copy's traffic, see ``lab.sampling.miniature``)."""
     from prefix_routing.lab import sampling
 
     requested = getattr(args, "sample", None)
     speed = getattr(args, "speed", 1.0)
     if requested is None:
-        return trace, config, speed, 1.0, len(trace)
+        return trace, config, speed, 1.0, 1.0, len(trace)
     rate = sampling.auto_rate(len(trace)) if requested == "auto" else requested
     if rate >= 1.0:
-        return trace, config, speed, 1.0, len(trace)
+        return trace, config, speed, 1.0, 1.0, len(trace)
     sampling.check_sampling(config, users=users, limits=limits, domains=domains)
-    return sampling.sample(trace, rate, config.key_blocks), sampling.miniature(config, rate), speed / rate, rate, len(trace)
+    fleet, share = sampling.miniature(config, rate, strategies)
+    return sampling.sample(trace, rate, config.key_blocks), fleet, speed / share, rate, share, len(trace)

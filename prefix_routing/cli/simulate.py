@@ -61,14 +61,14 @@ def run(args) -> int:
     if args.as_sent and not trace.raw_keys:
         raise UserError(f"--as-sent routes raw request bodies on their own bytes; {trace.source} is not raw bodies "
                         "(--format bodies)")
-    trace, config, speed, rate, whole = lab_args.sampled(args, trace, config, users=args.users, limits=limits,
-                                                        domains=args.domains)
+    trace, config, speed, rate, share, whole = lab_args.sampled(args, trace, config, strategies=strategies,
+                                                               users=args.users, limits=limits, domains=args.domains)
     results = lab.simulate_many(trace, config, strategies, speed=speed, progress=args.progress, users=args.users,
                                 as_sent=args.as_sent, limits=limits)
     if rate < 1.0:
         from prefix_routing.lab.sampling import scale_back
 
-        results = [scale_back(r, trace, rate, whole, config.key_blocks) for r in results]
+        results = [scale_back(r, trace, rate, whole, config.key_blocks, share) for r in results]
     tenants = tenant_summary(trace)
     isolation = None
     if args.domains is not None:
@@ -96,8 +96,10 @@ def run(args) -> int:
               if args.users else f"replayed at {args.speed:g}×")
     print(f"trace: {trace.source}: {len(trace):,} requests over {trace.duration_s:,.0f} s, {pacing}")
     if rate < 1.0:
-        print(f"sample: the routing keys at rate {rate:g} ({len(trace):,} of {whole:,} requests), each copy's prefix "
-              f"cache × {rate:g}, the clock × {1 / rate:g}; figures in the whole trace's units")
+        print(f"sample: the routing keys at rate {rate:g} ({len(trace):,} of {whole:,} requests) on "
+              + (f"{config.instances:,} instances (the fleet × {rate:g})" if share > rate
+                 else f"each copy's prefix cache × {rate:g}, the clock × {1 / rate:g}")
+              + "; figures in the whole trace's units")
     print(f"fleet: {lab_args.describe_fleet(config)}")
     for line in lab_args.settings_lines(args, config, strategies, trace):
         print(line)

@@ -41,7 +41,8 @@ def run(args) -> int:
         raise UserError("--sample: a sampled run does not model hot-prefix replication (its shares count requests, "
                         "which a sample thins); leave --sample out")
     # Sampled by the keys of the fleet's own PrefixLength (the first given, or the default).
-    trace, config, speed, rate, whole = lab_args.sampled(args, trace, config, limits=limits)
+    trace, config, speed, rate, _, whole = lab_args.sampled(args, trace, config, limits=limits,
+                                                            strategies=[Strategy.PREFIX_AWARE, *baselines])
     result = lab.tune(
         trace,
         config,

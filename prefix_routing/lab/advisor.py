@@ -87,7 +87,9 @@ def advise(
 
         sampling.check_sampling(current_config)
         simulated = sampling.sample(trace, sample, current_config.key_blocks)
-        current_config, speed = sampling.miniature(current_config, sample), 1.0 / sample
+        # (RANDOM, the verdict's baseline, needs the whole fleet's copies)
+        current_config, share = sampling.miniature(current_config, sample, (Strategy.PREFIX_AWARE, Strategy.RANDOM))
+        speed = 1.0 / share
     by_length = tune(simulated, current_config, prefix_lengths=grid_lengths, thresholds=[config.concurrency_threshold],
                      baselines=(), replications=deployed, memo=memo, speed=speed)
     current = next(p for p in by_length["points"] if p["prefix_length"] == config.prefix_length)

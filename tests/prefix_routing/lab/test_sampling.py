@@ -102,8 +102,9 @@ def test_a_ten_percent_miniature_of_the_long_context_workload_is_close_to_the_wh
     config = spec.fleet_config(strategy=strategy)
     whole = simulate(trace, config)
     part = sampling.sample(trace, 0.1, config.key_blocks)
-    mini = sampling.scale_back(simulate(part, sampling.miniature(config, 0.1), speed=10.0), part, 0.1, len(trace),
-                               config.key_blocks)
+    fleet, share = sampling.miniature(config, 0.1)
+    assert (fleet.instances, fleet.cache_scale, share) == (7, 0.1, 0.1)  # 0.7 instances: too few to shrink
+    mini = sampling.scale_back(simulate(part, fleet, speed=10.0), part, 0.1, len(trace), config.key_blocks, share)
     band = mini.extra["sample"]["hit_rate_band"]
     assert mini.extra["sample"]["rate"] == 0.1 and mini.extra["sample"]["of_requests"] == len(trace)
     assert 0 < band < 0.1
@@ -116,3 +117,33 @@ def test_the_cache_scale_is_a_share_of_the_cache():
     for bad in (0, 1.5, "half", -0.1):
         with pytest.raises(UserError, match=r"cache_scale=.*: must be a number above 0, at most 1"):
             FleetConfig(cache_scale=bad)
+
+
+def test_a_large_fleet_shrinks_with_the_sample_and_keeps_each_copy_whole():
+    fleet, share = sampling.miniature(FleetConfig(instances=100), 0.1)
+    assert (fleet.instances, fleet.cache_scale, share) == (10, 1.0, 1.0)
+    # 7.5 instances round to 8: each of them carries 7.5/8 of a whole copy's traffic.
+    fleet, share = sampling.miniature(FleetConfig(instances=75), 0.1)
+    assert (fleet.instances, share) == (8, 0.9375) and fleet.cache_scale == 0.9375
+    fleet, share = sampling.miniature(FleetConfig(instances=70), 0.1)  # 7: too few, the copies scale
+    assert (fleet.instances, fleet.cache_scale, share) == (70, 0.1, 0.1)
+    # RANDOM spreads a key over every copy: it needs them all, so each copy scales instead.
+    for strategies in ([Strategy.RANDOM], [Strategy.PREFIX_AWARE, Strategy.RANDOM]):
+        fleet, share = sampling.miniature(FleetConfig(instances=100), 0.1, strategies)
+        assert (fleet.instances, fleet.cache_scale, share) == (100, 0.1, 0.1)
+
+
+@pytest.mark.parametrize("strategy", [Strategy.PREFIX_AWARE, Strategy.RANDOM])
+def test_a_ten_percent_miniature_of_a_large_fleet_is_close_to_the_whole(strategy):
+    # 20 times the long-context workload (9,000 prefixes at 60 requests/s on 140 p5s) for 5 minutes.
+    spec = LongContextSpec(prefixes=9000, rate_rps=60.0, instances=140, duration_s=300)
+    trace = long_context_workload(spec, seed=2)
+    config = spec.fleet_config(strategy=strategy)
+    whole = simulate(trace, config)
+    part = sampling.sample(trace, 0.1, config.key_blocks)
+    fleet, share = sampling.miniature(config, 0.1)
+    mini = sampling.scale_back(simulate(part, fleet, speed=1.0 / share), part, 0.1, len(trace), config.key_blocks, share)
+    assert mini.extra["sample"]["instances"] == (14 if strategy is Strategy.PREFIX_AWARE else 140)
+    assert abs(mini.hit_rate - whole.hit_rate) <= mini.extra["sample"]["hit_rate_band"] + 0.01
+    assert mini.copy_hours == pytest.approx(whole.copy_hours, rel=0.05)
+    assert mini.ttft_p50_s == pytest.approx(whole.ttft_p50_s, rel=0.1)
