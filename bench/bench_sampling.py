@@ -66,8 +66,7 @@ def measure(trace, config, rate: float) -> dict:
     config = replace(config, strategy=Strategy.PREFIX_AWARE)
     part, fleet, speed, share = trace, config, 1.0, 1.0
     if rate < 1.0:
-        part = sampling.sample(trace, rate, config.key_blocks)
-        fleet, share = sampling.miniature(config, rate)
+        part, fleet, share = sampling.shrink(trace, config, rate)
         speed = 1.0 / share
     result = lab.simulate(part, fleet, speed=speed)
     if rate < 1.0:

@@ -607,5 +607,5 @@ def sampled(args, trace, config, *, strategies=None, users=None, limits=None, do
     if rate >= 1.0:
         return trace, config, speed, 1.0, 1.0, len(trace)
     sampling.check_sampling(config, users=users, limits=limits, domains=domains)
-    fleet, share = sampling.miniature(config, rate, strategies)
-    return sampling.sample(trace, rate, config.key_blocks), fleet, speed / share, rate, share, len(trace)
+    part, fleet, share = sampling.shrink(trace, config, rate, strategies)
+    return part, fleet, speed / share, rate, share, len(trace)

@@ -86,9 +86,9 @@ def advise(
         from prefix_routing.lab import sampling
 
         sampling.check_sampling(current_config)
-        simulated = sampling.sample(trace, sample, current_config.key_blocks)
         # (RANDOM, the verdict's baseline, needs the whole fleet's copies)
-        current_config, share = sampling.miniature(current_config, sample, (Strategy.PREFIX_AWARE, Strategy.RANDOM))
+        simulated, current_config, share = sampling.shrink(trace, current_config, sample,
+                                                           (Strategy.PREFIX_AWARE, Strategy.RANDOM))
         speed = 1.0 / share
     by_length = tune(simulated, current_config, prefix_lengths=grid_lengths, thresholds=[config.concurrency_threshold],
                      baselines=(), replications=deployed, memo=memo, speed=speed)

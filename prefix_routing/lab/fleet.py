@@ -129,6 +129,8 @@ from prefix_routing.rules.errors import UserError
 from prefix_routing.rules.replication import HotPrefixes, replica_id
 
 _REPLICA = "replica"  # a client-keyed replica's routing key: ClientKey((_REPLICA, j, key))
+_consume = deque(maxlen=0).extend  # runs an iterator to its end in C
+_NONES = _repeat(None)  # endless; map() stops at the shorter iterable
 
 
 def replica_key(key: Hashable, j: int) -> Hashable:
@@ -140,8 +142,6 @@ def replica_key(key: Hashable, j: int) -> Hashable:
     if key.__class__ is tuple and len(key) == 2 and key[0].__class__ is str:  # (PrefixAwareId, prefix)
         return replica_id(key[0], j), key[1]
     return replica_id(None, j), key
-_consume = deque(maxlen=0).extend  # runs an iterator to its end in C
-_NONES = _repeat(None)  # endless; map() stops at the shorter iterable
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,7 +394,6 @@ class Fleet:
         else:
             hot = self._hot
             if hot is not None:  # the front door's PrefixAwareId <id>-r<j>: another key for the router
-                prefix = key
                 j = hot.route(key, now, n) if self._steered else hot.assign(key, now, n)[0]
                 if j:
                     key = replica_key(key, j)

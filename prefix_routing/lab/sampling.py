@@ -172,6 +172,14 @@ def miniature(config, rate: float, strategies=None):
     return replace(config, instances=instances, cache_scale=min(1.0, share)), share
 
 
+def shrink(trace: Trace, config, rate: float, strategies=None):
+    """(the sampled trace, its miniature fleet, each miniature copy's share of a whole copy's
+    traffic): :func:`sample` by ``config``'s routing keys and :func:`miniature`, which every sampled
+    run does alike; run the result with the clock 1/share times as fast."""
+    fleet, share = miniature(config, rate, strategies)
+    return sample(trace, rate, config.key_blocks), fleet, share
+
+
 def scale_back(result, trace: Trace, rate: float, full_requests: int, key_blocks: int, share: float):
     """A miniature's result in the whole trace's units: durations (its clock ran 1/``share`` times as
     fast) scaled back, copy-hours for the whole fleet over the trace's span plus the last requests'

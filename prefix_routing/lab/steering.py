@@ -19,15 +19,23 @@ from prefix_routing.rules.steering import HotPrefixState
 class SteeredReplicas:
     """Which replica number each request of a hot prefix goes to (0: the key itself)."""
 
-    __slots__ = ("hot", "states", "_answers", "_seq", "collisions", "redraws")
+    __slots__ = ("hot", "states", "_answers", "_seq")
 
     def __init__(self, settings: ReplicationSettings) -> None:
         self.hot = HotPrefixes(settings)
         self.states: dict[Hashable, HotPrefixState] = {}
         self._answers: list = []  # heap of (finish, seq, key, number, cached tokens or None, key tokens)
         self._seq = 0
-        self.collisions = 0  # first answers of a replica that found the prefix already cached
-        self.redraws = 0  # replica numbers retired for a fresh one
+
+    @property
+    def collisions(self) -> int:
+        """First answers of a replica that found the prefix already cached, over every prefix."""
+        return sum(state.collisions for state in self.states.values())
+
+    @property
+    def redraws(self) -> int:
+        """Replica numbers retired for a fresh one, over every prefix."""
+        return sum(state.redraws for state in self.states.values())
 
     def route(self, key: Hashable, now: float, copies: int) -> int:
         """The replica number for a request of ``key`` arriving at ``now`` on ``copies`` copies."""
@@ -50,8 +58,4 @@ class SteeredReplicas:
 
     def _deliver(self, answer) -> None:
         _, _, key, number, cached, key_tokens = answer
-        state = self.states[key]
-        before = state.collisions
-        if state.answered(number, None if cached is None else int(cached), key_tokens):
-            self.redraws += 1
-        self.collisions += state.collisions - before
+        self.states[key].answered(number, None if cached is None else int(cached), key_tokens)
