@@ -88,6 +88,8 @@ def type_text(annotation: Any) -> str:
         inner = (("limits" if value.__name__ == "TenantLimitSettings" else "sections (below)")
                  if isinstance(value, type) and issubclass(value, BaseModel) else f"{type_text(value)}s")
         text = f"table of {inner}"
+    elif origin in (typing.Union, types.UnionType):  # e.g. a rate or `auto`
+        text = " or ".join(type_text(arg) for arg in typing.get_args(base))
     else:
         text = {str: "string", int: "integer", float: "number", bool: "boolean"}[base]
     return f"{text} or unset" if optional else text

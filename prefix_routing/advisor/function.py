@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Mapping
 
 from prefix_routing.lab import advisor, traces
 from prefix_routing.lab.fleet_config import FleetConfig
 from prefix_routing.lab.stage_fleet import preset_for
-from prefix_routing.rules import telemetry
+from prefix_routing.rules import sampling, telemetry
 from prefix_routing.rules.errors import UserError
 
 
@@ -38,6 +39,8 @@ class AdvisorConfig:
     namespace: str = telemetry.NAMESPACE
     window_s: float = 3600.0
     max_events: int = 100_000
+    # "auto": the rate that reads about half of max_events, from the window's Requests metric; or a rate
+    sample: float | str = "auto"
     notify: advisor.NotifySettings = field(default_factory=advisor.NotifySettings)
 
     @classmethod
@@ -83,8 +86,21 @@ class AdvisorConfig:
             namespace=env.get("METRIC_NAMESPACE") or telemetry.NAMESPACE,
             window_s=number("WINDOW_S", 3600.0, float, 60.0, 86_400.0),
             max_events=number("MAX_EVENTS", 100_000, int, 1, 10_000_000),
+            sample=_sample_setting(env.get("SAMPLE")),
             notify=notify,
         )
+
+
+def _sample_setting(raw: str | None) -> float | str:
+    if raw is None or raw.strip().lower() == "auto":
+        return "auto"
+    try:
+        rate = float(raw)
+    except ValueError:
+        rate = math.nan
+    if not sampling.MIN_RATE <= rate <= 1.0:
+        raise ConfigurationError(f"SAMPLE: {raw!r}; allowed: auto, or a rate from {sampling.MIN_RATE} to 1")
+    return rate
 
 
 @dataclass(frozen=True)
@@ -108,11 +124,60 @@ def current_copies(cfg: AdvisorConfig, sagemaker: Any) -> int:
     return max(1, min(copies, cfg.copies_max)) if copies else cfg.copies_max
 
 
+def window_requests(cfg: AdvisorConfig, cloudwatch: Any, start_ms: int, end_ms: int) -> float | None:
+    """The requests the front door sent in the window (its ``Requests`` metric, summed), or None when
+    CloudWatch has no figure (no data yet, or the call failed)."""
+    try:
+        points = cloudwatch.get_metric_statistics(
+            Namespace=cfg.namespace, MetricName=telemetry.REQUESTS.name,
+            Dimensions=[{"Name": telemetry.DIMENSION_COMPONENT, "Value": cfg.component_name}],
+            StartTime=start_ms / 1000.0, EndTime=end_ms / 1000.0,
+            Period=max(60, int(math.ceil((end_ms - start_ms) / 60_000)) * 60), Statistics=["Sum"],
+        )["Datapoints"]
+    except Exception:  # noqa: BLE001 - without the volume the run reads unsampled, bounded by max_events
+        return None
+    total = math.fsum(float(p.get("Sum", 0.0)) for p in points)
+    return total if points and math.isfinite(total) else None
+
+
+def sample_rate(cfg: AdvisorConfig, volume: float | None) -> float:
+    """The rate the run reads at: the configured one, or (auto) the one that keeps about half of
+    ``max_events`` of the window's volume (the rest is room for hot prefixes, which every sample
+    reads, and for a busier window than the metric said); 1 when the volume is unknown."""
+    if cfg.sample != "auto":
+        return float(cfg.sample)
+    return 1.0 if volume is None else sampling.rate_for_volume(volume, max(1, cfg.max_events // 2))
+
+
+def read_window(cfg: AdvisorConfig, clients: Clients, start_ms: int, end_ms: int) -> tuple[traces.Trace, float, float | None]:
+    """(the window, the rate it was read at, the window's volume): a sample at the source when the
+    volume calls for it; a window with no line in the sample (a log written before the front door
+    logged buckets) is read again whole."""
+    volume = window_requests(cfg, clients.cloudwatch, start_ms, end_ms) if cfg.sample == "auto" else None
+    rate = sample_rate(cfg, volume)
+    unknown = cfg.sample == "auto" and volume is None
+    read = partial(traces.read_cloudwatch, cfg.log_group, start_ms, end_ms, client=clients.logs,
+                   max_events=cfg.max_events)
+    if rate < 1.0:
+        try:
+            return read(sample_rate=rate), rate, volume
+        except UserError:
+            window = read()
+            window.notes.append(f"no line matched the sample at rate {rate:g} (lines without "
+                                f"{telemetry.LogField.SAMPLE_BUCKET!r}: written before the front door sampled): read whole")
+            return window, 1.0, volume
+    window = read()
+    if unknown:
+        window.notes.append(f"the window's {telemetry.REQUESTS.name} count was not available: read whole, up to "
+                            f"{cfg.max_events:,} lines")
+    return window, 1.0, volume
+
+
 def run_once(cfg: AdvisorConfig, clients: Clients, now_ms: int) -> dict:
     """Advise on the window ending at ``now_ms``; publish, keep the rule's state, notify."""
     start_ms = now_ms - int(cfg.window_s * 1000)
     try:
-        window = traces.read_cloudwatch(cfg.log_group, start_ms, now_ms, client=clients.logs, max_events=cfg.max_events)
+        window, rate, volume = read_window(cfg, clients, start_ms, now_ms)
     except UserError as error:  # no requests in the window (or the log group is gone): nothing to advise on
         return {"advised": False, "reason": str(error)}
     copies = current_copies(cfg, clients.sagemaker)
@@ -123,7 +188,10 @@ def run_once(cfg: AdvisorConfig, clients: Clients, now_ms: int) -> dict:
         prefix_length=cfg.prefix_length, concurrency_threshold=cfg.concurrency_threshold,
         block_tokens=window.block_tokens, block_bytes=window.block_bytes,
     )
-    advice = advisor.advise(window, fleet, settings=cfg.notify, min_threshold=cfg.scaling_target)
+    sampled = {"sample": rate, "presampled": True} if rate < 1.0 else {}
+    advice = advisor.advise(window, fleet, settings=cfg.notify, min_threshold=cfg.scaling_target, **sampled)
+    if volume is not None:
+        advice["window"]["volume"] = volume  # the Requests metric's count, of which the window is a sample
     dimensions = [{"Name": telemetry.DIMENSION_COMPONENT, "Value": cfg.component_name}]
     clients.cloudwatch.put_metric_data(Namespace=cfg.namespace, MetricData=[
         {"MetricName": spec.name, "Dimensions": dimensions, "Value": float(value), "Unit": spec.unit,
@@ -142,7 +210,7 @@ def run_once(cfg: AdvisorConfig, clients: Clients, now_ms: int) -> dict:
                     f"ConcurrencyThreshold {best['concurrency_threshold']} would pay"[:100],
             Message=advisor.render(advice),
         )
-    return {"advised": True, "requests": len(window), "copies": copies, "better": advice["better"],
+    return {"advised": True, "requests": len(window), "sample_rate": rate, "copies": copies, "better": advice["better"],
             "notified": due, "notes": list(window.notes), "skipped": window.skipped.as_dict(), "advice": advice}
 
 

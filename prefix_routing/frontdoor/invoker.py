@@ -18,6 +18,7 @@ from prefix_routing.frontdoor.request import FrontRequest, RequestError
 from prefix_routing.frontdoor.stream import StreamReader
 from prefix_routing.frontdoor.upstream import Upstream, _close_body, _jitter, _Opened
 from prefix_routing.frontdoor.upstream_errors import MODEL_REJECTED, UpstreamError, _one_line, classify_error
+from prefix_routing.rules.sampling import sample_bucket
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +128,9 @@ class Invoker:
         self.upstream = Upstream(client, config, sleep=sleep, jitter=jitter or _jitter, clock=self.clock)
         enabled = config.replication.enabled
         self.replicas = (replicas or Replicas(config, copies=self.telemetry.copies)) if enabled else None
+        # Without replication the same rule still counts prefixes, only to log hot ones as in every
+        # sample of the log (rules/sampling.py): the advisor must not sample a hotspot away.
+        self._hot_counter = None if enabled else Replicas(config, copies=self.telemetry.copies)
         if config.limits.enabled and limiter is None:
             raise ValueError("the configuration sets per-tenant limits: give the invoker a limiter (frontdoor.Limiter)")
         self.limiter = limiter if config.limits.enabled else None
@@ -226,6 +230,7 @@ class Invoker:
         record.routing_id = prepared.identity.prefix_aware_id
         record.body_kind = prepared.normalized.kind
         record.fingerprint = prepared.normalized.prefix_fingerprint
+        record.sample_bucket = sample_bucket(prepared.identity.prefix_aware_id, record.fingerprint)
         record.rekeyed = prepared.rekeyed
         record.block_hashes = prepared.normalized.block_hashes
         record.body_bytes = len(prepared.normalized.body)
@@ -239,6 +244,9 @@ class Invoker:
         prefix_aware_id = prepared.identity.prefix_aware_id
         if self.replicas is not None:  # replication: replica j of a hot prefix goes out as <id>-r<j>
             prefix_aware_id = self.replicas.route(prefix_aware_id, record)
+            record.sample_hot = record.replicas > 1
+        else:
+            record.sample_hot = self._hot_counter.assign(prefix_aware_id, record.fingerprint)[1] > 1
         record.sent = True
         try:
             opened = state.opened = self.upstream.open(prepared, record, deadline, prefix_aware_id)

@@ -71,6 +71,8 @@ class RequestRecord:
     desired_copies: int | None = None  # sampled once a minute (frontdoor.copies), else None
     current_copies: int | None = None
     rekeyed: bool = False  # the raw body's routing bytes differed from the normalized body's
+    sample_bucket: int | None = None  # the routing key's (rules/sampling.py); None without a fingerprint
+    sample_hot: bool = False  # the replication rule counted the prefix hot: in every sample
     replica: int | None = None  # hot-prefix replication (frontdoor.replicas), else None
     replicas: int | None = None
     hot_prefixes: int | None = None
@@ -137,6 +139,8 @@ def log_record(record: RequestRecord, config: InvokeConfig) -> dict[str, Any]:
         F.ERROR_KIND: record.error_kind,
         LOG_ERROR_FIELD: _loggable_field(record.error_field),
         F.REKEYED: record.rekeyed,
+        F.SAMPLE_BUCKET: record.sample_bucket,
+        F.SAMPLE_HOT: record.sample_hot,
     }
     if len(record.block_hashes) > MAX_LOGGED_BLOCK_HASHES:
         line[LOG_BLOCK_HASHES_TRUNCATED] = True

@@ -61,6 +61,7 @@ def advise(
     settings: NotifySettings = NotifySettings(),
     min_threshold: float = 1,
     sample: float = 1.0,
+    presampled: bool = False,
 ) -> dict:
     """The advice for one window. ``config`` is the endpoint as deployed: its PrefixLength and
     ConcurrencyThreshold are the current settings (and are always among the candidates). The search
@@ -69,7 +70,9 @@ def advise(
     adds capacity, a rule the stage file enforces) are not recommended. ``sample`` below 1: the
     simulations run on a miniature of the window (lab/sampling.py: its routing keys at the current
     PrefixLength sampled at that rate); the bound, the reuse share and the measured hit rate stay the
-    whole window's."""
+    whole window's. ``presampled``: the window is already that sample (read from a log sampled at the
+    source: rules/sampling.py), so only the fleet shrinks; the bound, the reuse share and the measured
+    hit rate are then the sample's estimates."""
     if not len(trace):
         raise UserError(f"{trace.source}: the window has no requests")
     current_config = replace(config, strategy=Strategy.PREFIX_AWARE)
@@ -86,9 +89,11 @@ def advise(
         from prefix_routing.lab import sampling
 
         sampling.check_sampling(current_config)
-        # (RANDOM, the verdict's baseline, needs the whole fleet's copies)
-        simulated, current_config, share = sampling.shrink(trace, current_config, sample,
-                                                           (Strategy.PREFIX_AWARE, Strategy.RANDOM))
+        strategies = (Strategy.PREFIX_AWARE, Strategy.RANDOM)  # RANDOM, the verdict's baseline, needs every copy
+        if presampled:
+            current_config, share = sampling.miniature(current_config, sample, strategies)
+        else:
+            simulated, current_config, share = sampling.shrink(trace, current_config, sample, strategies)
         speed = 1.0 / share
     by_length = tune(simulated, current_config, prefix_lengths=grid_lengths, thresholds=[config.concurrency_threshold],
                      baselines=(), replications=deployed, memo=memo, speed=speed)
@@ -102,9 +107,18 @@ def advise(
     better = not kept and (gain_points >= settings.gain_points - 1e-9 or ttft_gain >= settings.ttft_gain - 1e-9)
     random = next(b for b in tuned["baselines"] if b["strategy"] == Strategy.RANDOM.value)
     bound, measured = reuse["hit_rate_bound_tokens"], trace.measured_hit_rate()
+    sampled = None
+    if sample < 1.0:
+        from prefix_routing.lab import sampling
+        from prefix_routing.lab.simulate import config_for_trace
+
+        k = config_for_trace(current_config, simulated).key_blocks
+        now = next(r for key, r in memo.items() if key[0] != "keys" and key[:2] == (k, config.concurrency_threshold))
+        sampled = {"rate": sample, "requests": len(simulated), "at_source": presampled,
+                   "hit_rate_band": sampling.result_band(now, simulated, sample, k)}
     return {
         "window": {"source": trace.source, "requests": len(trace), "duration_s": trace.duration_s,
-                   **({"sample": {"rate": sample, "requests": len(simulated)}} if sample < 1.0 else {})},
+                   **({"sample": sampled} if sampled else {})},
         "hit_rate_bound": bound,
         "prefix_reuse_share": reuse["prefix_reuse"],
         "measured_hit_rate": measured,
@@ -222,7 +236,8 @@ def render(advice: dict) -> str:
     lines = [
         f"window: {w['source']}: {w['requests']:,} requests over {w['duration_s']:,.0f} s"
         + (f"; simulated on a sample of its routing keys at rate {sampled['rate']:g} ({sampled['requests']:,} "
-           "requests)" if sampled else ""),
+           f"requests{', sampled in the log' if sampled.get('at_source') else ''}; predicted hit rate "
+           f"±{100 * sampled['hit_rate_band']:.1f} points, 95 %)" if sampled else ""),
         f"hit rate measured in production: {'not reported' if measured is None else f'{measured:.1%}'}; "
         f"bound (one infinite shared cache): {advice['hit_rate_bound']:.1%}",
     ]

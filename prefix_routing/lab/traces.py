@@ -146,8 +146,10 @@ def read_mooncake(path: str | os.PathLike, *, strict: bool = False, block_tokens
 # --------------------------------------------------------------------------- the normalizer's log
 
 
-def _log_record(c: _Collector, where: str, text: str, state: dict, bytes_per_token: float, fallback_ts_ms=None) -> None:
-    """One log line: a request, an ignored line, or a broken request line."""
+def _log_record(c: _Collector, where: str, text: str, state: dict, bytes_per_token: float, fallback_ts_ms=None,
+                keep=None) -> None:
+    """One log line: a request, an ignored line, or a broken request line. ``keep``: a sample's rule
+    (lab.sampling.SourceSample.keep), asked of every request line that succeeded."""
     F = LogField
     obj, error = _json_object(text)
     if error:
@@ -163,6 +165,8 @@ def _log_record(c: _Collector, where: str, text: str, state: dict, bytes_per_tok
     if _is_int(status) and status >= 400:
         # Rejected by the normalizer (4xx) or failed upstream (5xx): no tokens to replay.
         c.skipped.ignored[f"failed requests (status {status // 100}xx)"] += 1
+        return
+    if keep is not None and not keep(obj):
         return
     ts = obj.get(F.TIMESTAMP_MS, fallback_ts_ms)
     if not _is_number(ts):
@@ -227,9 +231,11 @@ def _log_record(c: _Collector, where: str, text: str, state: dict, bytes_per_tok
                    tenant if isinstance(tenant, str) and tenant else None))
 
 
-def _finish_log(c: _Collector, state: dict, bytes_per_token: float) -> Trace:
+def _finish_log(c: _Collector, state: dict, bytes_per_token: float, sampler=None) -> Trace:
     block_bytes = state.get("block_bytes")
     trace = c.build(block_bytes / bytes_per_token if block_bytes else MOONCAKE_BLOCK_TOKENS, block_bytes, True)
+    if sampler is not None:
+        trace.notes.append(sampler.note())
     if state.get("estimated_prompts"):
         trace.notes.append(
             f"{state['estimated_prompts']:,} lines had no {LogField.PROMPT_TOKENS!r}: estimated from body bytes "
@@ -240,10 +246,14 @@ def _finish_log(c: _Collector, state: dict, bytes_per_token: float) -> Trace:
     return trace
 
 
-def read_request_log(path: str | os.PathLike, *, strict: bool = False, bytes_per_token: float = 4.0) -> Trace:
-    """Read the normalizer's request log (JSON lines, e.g. exported from CloudWatch Logs)."""
+def read_request_log(path: str | os.PathLike, *, strict: bool = False, bytes_per_token: float = 4.0,
+                     sample_rate: float | None = None) -> Trace:
+    """Read the normalizer's request log (JSON lines, e.g. exported from CloudWatch Logs).
+    ``sample_rate``: only the lines of a sample at that rate (:class:`lab.sampling.SourceSample`)."""
     source = os.fspath(path)
     c, state = _Collector(source, strict), {}
+    sampler = _source_sample(sample_rate)
+    keep = sampler.keep if sampler is not None else None
     for lineno, text in _open_lines(path):
         if text is not None and not text.strip():
             continue
@@ -251,8 +261,16 @@ def read_request_log(path: str | os.PathLike, *, strict: bool = False, bytes_per
         if text is None:
             c.skip(f"{source}:{lineno}", LINE_TOO_LONG)
             continue
-        _log_record(c, f"{source}:{lineno}", text, state, bytes_per_token)
-    return _finish_log(c, state, bytes_per_token)
+        _log_record(c, f"{source}:{lineno}", text, state, bytes_per_token, keep=keep)
+    return _finish_log(c, state, bytes_per_token, sampler)
+
+
+def _source_sample(rate: float | None):
+    if rate is None or rate >= 1.0:
+        return None
+    from prefix_routing.lab.sampling import SourceSample
+
+    return SourceSample(rate)
 
 
 def read_cloudwatch(
@@ -266,13 +284,16 @@ def read_cloudwatch(
     bytes_per_token: float = 4.0,
     filter_pattern: str | None = f'"{REQUEST_LOG_MESSAGE}"',
     max_events: int | None = None,
+    sample_rate: float | None = None,
 ) -> Trace:
     """Read the normalizer's request log straight from CloudWatch Logs (``FilterLogEvents``).
 
     ``client`` is a boto3 ``logs`` client (made from ``region`` and the usual credential chain if
     not given). By default only events containing the request message are fetched. ``max_events``
     bounds the events read (a Lambda's memory and time): past it the window is cut, and the trace's
-    notes say where.
+    notes say where. ``sample_rate`` below 1: only the lines of a sample at that rate cross the wire
+    (``rules.sampling.filter_pattern``, in place of ``filter_pattern``), thinned as
+    :class:`lab.sampling.SourceSample` says.
     """
     import boto3  # the lab's only AWS call: imported here so the rest of the lab runs without it
     from botocore.exceptions import BotoCoreError, ClientError
@@ -280,6 +301,12 @@ def read_cloudwatch(
     source = f"cloudwatch:{log_group}"
     client = client or boto3.client("logs", region_name=region)
     kwargs = {"logGroupName": log_group, "startTime": int(start_ms), "endTime": int(end_ms)}
+    sampler = _source_sample(sample_rate)
+    keep = sampler.keep if sampler is not None else None
+    if sampler is not None:
+        from prefix_routing.rules.sampling import filter_pattern as sample_pattern
+
+        filter_pattern = sample_pattern(sample_rate)
     if filter_pattern:
         kwargs["filterPattern"] = filter_pattern
     c, state = _Collector(source, strict), {}
@@ -292,7 +319,7 @@ def read_cloudwatch(
                     break
                 c.lines += 1
                 where = f"{source} event {event.get('eventId', '?')} ({event.get('logStreamName', '?')})"
-                _log_record(c, where, event.get("message", ""), state, bytes_per_token, event.get("timestamp"))
+                _log_record(c, where, event.get("message", ""), state, bytes_per_token, event.get("timestamp"), keep)
             if cut_at is not None:
                 break
     except ClientError as error:
@@ -300,7 +327,7 @@ def read_cloudwatch(
         raise UserError(f"{source}: {info.get('Code', 'error')}: {info.get('Message', error)}") from None
     except BotoCoreError as error:
         raise UserError(f"{source}: {error}") from None
-    trace = _finish_log(c, state, bytes_per_token)
+    trace = _finish_log(c, state, bytes_per_token, sampler)
     if cut_at is not None:
         trace.sampled = f"read the first {max_events:,} events only"
         trace.notes.append(f"read the first {max_events:,} events only (the bound): the window was cut at "

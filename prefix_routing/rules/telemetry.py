@@ -168,6 +168,10 @@ class LogField:
     STATUS: Final = "status"  # HTTP status given to the caller
     ERROR_KIND: Final = "error_kind"  # e.g. invalid_json, throttled, model_error, truncated
     REKEYED: Final = "rekeyed"  # raw and normalized bodies differ in their first PrefixLength bytes
+    # The routing key's sample bucket, 0-9999 (rules/sampling.py): a reader's filter keeps the buckets
+    # below rate x 10,000. Only on lines with a prefix fingerprint.
+    SAMPLE_BUCKET: Final = "sample_bucket"
+    SAMPLE_HOT: Final = "sample_hot"  # the replication rule counts the prefix hot: in every sample
 
 
 class ReplicaLogField:

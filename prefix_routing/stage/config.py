@@ -18,7 +18,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from prefix_routing.rules.constants import FINGERPRINT_HEX_DIGITS, MAX_BODY_BYTES_LIMIT
 from prefix_routing.rules.limits import LIMIT_NAMES, MAX_LIMIT, MAX_OVERRIDES, MAX_PATTERN, LimitSettings, TenantLimits
@@ -726,6 +726,15 @@ class LimitsSettings(TenantLimitSettings):
                              lease_s=min(3600, max(10, lease_s)))
 
 
+def _sample_rate(value: Any) -> float | str:
+    """``advisor.sample``: ``auto`` or a rate (one message for both, not one per kind)."""
+    if value == "auto":
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0001 <= value <= 1.0:
+        return float(value)
+    raise ValueError("allowed: `auto`, or a rate from 0.0001 to 1")
+
+
 class AdvisorSettings(_Section):
     """The [advisor] section: the routing advisor function (prefix_routing.advisor), run on a schedule
     over the last window of the normalizer's request log."""
@@ -749,6 +758,13 @@ class AdvisorSettings(_Section):
     max_events: int = Field(
         100_000, ge=1000, le=1_000_000,
         description="request-log lines read per run at most; a run that hits the bound logs where it cut the window",
+    )
+    sample: Annotated[float | str, BeforeValidator(_sample_rate)] = Field(
+        "auto",
+        description="the share of routing keys a run reads (the front door logs each request's key bucket and "
+        "CloudWatch Logs filters by it): `auto` reads about half of `max_events` from the window's `Requests` "
+        "count (every key while they fit), or a rate; hot prefixes are read in every sample",
+        json_schema_extra=_allowed("`auto`, or a rate from 0.0001 to 1"),
     )
     memory_mb: int = Field(1024, ge=256, le=10240, description="the function's memory (MB)")
     timeout_s: int = Field(300, ge=60, le=900, description="the function's timeout (s)")

@@ -3,7 +3,8 @@
 Every ``advisor.schedule_minutes`` an EventBridge rule invokes ``lambda/advisor/handler.py``, which
 runs ``prefix_routing.advisor.run_once`` over that window of the normalizer's request log (see
 ``prefix_routing/lab/advisor.py`` for what it computes). Its role may read only that log group
-(``logs:FilterLogEvents``), publish metrics only under the stage's namespace, describe only the
+(``logs:FilterLogEvents``), read metrics (the window's ``Requests``, which sets the log's sample
+rate), publish metrics only under the stage's namespace, describe only the
 stage's inference component, publish only to the stage's alarm topic, and read and write only its
 own SSM parameter, where the notification rule keeps its state between runs.
 
@@ -89,6 +90,9 @@ class RoutingAdvisor(Construct):
             actions=["cloudwatch:PutMetricData"], resources=["*"],
             conditions={"StringEquals": {"cloudwatch:namespace": telemetry.NAMESPACE}},
         ))
+        # The window's volume (the front door's Requests metric) picks the sample rate; reading metrics
+        # has no resource type either.
+        self.role.add_to_policy(iam.PolicyStatement(actions=["cloudwatch:GetMetricStatistics"], resources=["*"]))
         self.role.add_to_policy(iam.PolicyStatement(actions=["sagemaker:DescribeInferenceComponent"],
                                                     resources=[component_arn]))
         topic.grant_publish(self.role)
@@ -124,6 +128,7 @@ class RoutingAdvisor(Construct):
                 "METRIC_NAMESPACE": telemetry.NAMESPACE,
                 "WINDOW_S": str(settings.schedule_minutes * 60),
                 "MAX_EVENTS": str(settings.max_events),
+                "SAMPLE": str(settings.sample),
                 "NOTIFY_GAIN_POINTS": repr(float(settings.notify_gain_points)),
                 "NOTIFY_TTFT_GAIN": repr(float(settings.notify_ttft_gain)),
                 "NOTIFY_AFTER_RUNS": str(settings.notify_after_runs),
@@ -134,7 +139,8 @@ class RoutingAdvisor(Construct):
             policy,
             "IAM5",
             "cloudwatch:PutMetricData has no resource type; the statement is limited by the cloudwatch:namespace "
-            "condition to the stage's namespace.",
+            "condition to the stage's namespace. cloudwatch:GetMetricStatistics has no resource type: the run "
+            "reads the window's Requests count (to pick the log's sample rate), a read of metrics only.",
             "Resource::*",
         )
         acknowledge(

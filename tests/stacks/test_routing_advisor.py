@@ -49,8 +49,10 @@ def test_iam_is_scoped_to_the_stages_own_resources(default_templates):
     describe = statements[("sagemaker:DescribeInferenceComponent",)]
     assert f"inference-component/{load_stage().component_name}" in json.dumps(describe["Resource"])
     assert ("sns:Publish",) in statements
+    # Reading the window's Requests count (which sets the log's sample rate): no resource type either.
+    volume = statements[("cloudwatch:GetMetricStatistics",)]
     for actions, statement in statements.items():
-        if statement is not metrics:  # the only wildcard resource is PutMetricData's (it has no resource type)
+        if statement not in (metrics, volume):  # the only wildcard resources: actions without a resource type
             assert statement["Resource"] != "*", actions
         # The only wildcard action: KMS data keys for the encrypted topic (acknowledged, with its reason).
         assert all("*" not in a or a == "kms:GenerateDataKey*" for a in actions), actions
@@ -61,7 +63,7 @@ def test_the_wildcards_are_acknowledged_with_their_reasons(default_stage):
     report = nag_report(stacks)
     suppressed = [s for s in report.get("suppressedViolations", []) if "Advisor" in json.dumps(s)]
     reasons = json.dumps(suppressed)
-    assert "cloudwatch:namespace" in reasons and "alarm topic" in reasons
+    assert "cloudwatch:namespace" in reasons and "alarm topic" in reasons and "GetMetricStatistics" in reasons
 
 
 def test_the_environment_is_what_the_function_reads(default_templates):
@@ -73,6 +75,14 @@ def test_the_environment_is_what_the_function_reads(default_templates):
             config.window_s, config.notify.after_runs) == (
         stage.component_name, stage.endpoint.instance_type, stage.routing.prefix_length,
         stage.routing.concurrency_threshold, 3600.0, 3)
+    assert (env["SAMPLE"], config.sample) == ("auto", "auto")  # the default: the rate from the window's volume
+
+
+def test_a_stage_s_sample_rate_reaches_the_function():
+    _, templates = synth(stage_with(advisor={"sample": 0.05}))
+    env = _advisor_function(templates["observability"])["Properties"]["Environment"]["Variables"]
+    assert env["SAMPLE"] == "0.05"
+    assert AdvisorConfig.from_env({k: ("token" if isinstance(v, dict) else v) for k, v in env.items()}).sample == 0.05
 
 
 def test_advisor_off_means_no_function_no_rule():

@@ -12,7 +12,7 @@ from botocore.stub import ANY, Stubber
 
 from prefix_routing.advisor import AdvisorConfig, Clients, run_once
 from prefix_routing.advisor.function import ConfigurationError
-from prefix_routing.rules import telemetry
+from prefix_routing.rules import sampling, telemetry
 from tests.conftest import MOONCAKE_SLICE
 from tests.prefix_routing.lab.test_advisor import T0_MS, front_door_log
 
@@ -28,12 +28,22 @@ ENV = {
 
 @pytest.fixture
 def aws(monkeypatch, tmp_path):
+    yield from _logged(monkeypatch, tmp_path, 1024)
+
+
+@pytest.fixture
+def aws_many_keys(monkeypatch, tmp_path):
+    """The same requests logged at PrefixLength 4096: 278 routing keys (at 1024 they share one)."""
+    yield from _logged(monkeypatch, tmp_path, 4096)
+
+
+def _logged(monkeypatch, tmp_path, prefix_length: int):
     for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                        "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
         monkeypatch.setenv(key, value)
     records = [json.loads(line) for line in MOONCAKE_SLICE.read_text().splitlines()[:300]]
     path = tmp_path / "log.jsonl"
-    front_door_log(path, records, prefix_length=1024)
+    front_door_log(path, records, prefix_length=prefix_length)
     with moto.mock_aws():
         logs = boto3.client("logs", region_name="us-east-1")
         logs.create_log_group(logGroupName=GROUP)
@@ -85,6 +95,90 @@ def test_three_runs_publish_the_figures_and_notify_once(aws):
     assert state["runs"] == 4 and state["notified"] == state["recommendation"]
 
 
+def _describe_copies(sm_stub, copies: int = 4) -> None:
+    sm_stub.add_response("describe_inference_component",
+                         {"InferenceComponentName": "test-prefix-llm-ic", "InferenceComponentArn": "arn:aws:sagemaker:us-east-1:111122223333:inference-component/x",
+                          "EndpointName": "e", "EndpointArn": "arn:aws:sagemaker:us-east-1:111122223333:endpoint/e", "CreationTime": 0, "LastModifiedTime": 0,
+                          "RuntimeConfig": {"CurrentCopyCount": copies, "DesiredCopyCount": copies}},
+                         {"InferenceComponentName": "test-prefix-llm-ic"})
+
+
+def test_a_busy_window_is_read_as_a_sample_at_the_rate_its_volume_calls_for(aws_many_keys):
+    # The Requests metric says 300 (two datapoints); MAX_EVENTS 300 leaves half, 150, for keyed lines:
+    # rate floor(10,000 x 150 / 300) / 10,000 = 0.5, so FilterLogEvents asks for buckets below 5,000.
+    logs, now_ms = aws_many_keys
+    cfg = AdvisorConfig.from_env({**ENV, "MAX_EVENTS": "300", "PREFIX_LENGTH": "4096"})
+    cloudwatch, cw_stub = stubbed("cloudwatch")
+    sagemaker, sm_stub = stubbed("sagemaker")
+    patterns = []
+    logs.meta.events.register("provide-client-params.logs.FilterLogEvents",
+                              lambda params, **_: patterns.append(params.get("filterPattern")))
+    with cw_stub, sm_stub:
+        cw_stub.add_response("get_metric_statistics", {"Datapoints": [{"Sum": 120.0}, {"Sum": 180.0}]}, {
+            "Namespace": telemetry.NAMESPACE, "MetricName": "Requests", "Statistics": ["Sum"], "Period": 3600,
+            "Dimensions": [{"Name": "InferenceComponent", "Value": "test-prefix-llm-ic"}],
+            "StartTime": ANY, "EndTime": ANY})
+        _describe_copies(sm_stub)
+        cw_stub.add_response("put_metric_data", {}, {"Namespace": telemetry.NAMESPACE, "MetricData": ANY})
+        result = run_once(cfg, Clients(logs=logs, cloudwatch=cloudwatch, sagemaker=sagemaker), now_ms)
+        cw_stub.assert_no_pending_responses()
+    assert set(patterns) == {'{ ($.message = "prefix_routing.request") && '
+                             '(($.sample_bucket < 5000) || ($.sample_hot IS TRUE)) }'}
+    lines = [json.loads(e["message"]) for e in logs.filter_log_events(logGroupName=GROUP)["events"]]
+    in_sample = [line for line in lines if line[telemetry.LogField.SAMPLE_BUCKET] < 5000]
+    assert 0 < len(in_sample) < len(lines) == 300
+    assert result["advised"] and result["sample_rate"] == 0.5 and result["requests"] == len(in_sample)
+    window = result["advice"]["window"]
+    assert window["volume"] == 300.0 and window["sample"]["rate"] == 0.5 and window["sample"]["at_source"]
+    assert 0 < window["sample"]["hit_rate_band"] < 1
+
+
+def test_without_the_volume_the_window_is_read_whole_and_says_so(aws):
+    logs, now_ms = aws
+    cloudwatch, cw_stub = stubbed("cloudwatch")
+    sagemaker, sm_stub = stubbed("sagemaker")
+    with cw_stub, sm_stub:
+        cw_stub.add_response("get_metric_statistics", {"Datapoints": []})  # no data yet
+        _describe_copies(sm_stub)
+        cw_stub.add_response("put_metric_data", {}, {"Namespace": telemetry.NAMESPACE, "MetricData": ANY})
+        result = run_once(AdvisorConfig.from_env({**ENV, "MAX_EVENTS": "300"}),
+                          Clients(logs=logs, cloudwatch=cloudwatch, sagemaker=sagemaker), now_ms)
+    assert result["sample_rate"] == 1.0 and result["requests"] == 300
+    assert any("Requests count was not available" in note for note in result["notes"])
+
+
+def test_a_set_rate_needs_no_volume(aws_many_keys):
+    logs, now_ms = aws_many_keys
+    cloudwatch, cw_stub = stubbed("cloudwatch")
+    sagemaker, sm_stub = stubbed("sagemaker")
+    with cw_stub, sm_stub:  # no get_metric_statistics: the Stubber would fail an unexpected call
+        _describe_copies(sm_stub)
+        cw_stub.add_response("put_metric_data", {}, {"Namespace": telemetry.NAMESPACE, "MetricData": ANY})
+        result = run_once(AdvisorConfig.from_env({**ENV, "SAMPLE": "0.25", "PREFIX_LENGTH": "4096"}),
+                          Clients(logs=logs, cloudwatch=cloudwatch, sagemaker=sagemaker), now_ms)
+    lines = [json.loads(e["message"]) for e in logs.filter_log_events(logGroupName=GROUP)["events"]]
+    assert result["sample_rate"] == 0.25
+    assert result["requests"] == sum(line[telemetry.LogField.SAMPLE_BUCKET] < 2500 for line in lines)
+    assert sampling.bucket_limit(0.25) == 2500
+
+
+def test_a_sample_without_lines_is_read_again_whole(aws):
+    # At PrefixLength 1024 the 300 requests share one key, bucket 3145 (outside a 0.25 sample): as a
+    # log written before the front door logged buckets, the run reads the window whole and says so.
+    logs, now_ms = aws
+    lines = [json.loads(e["message"]) for e in logs.filter_log_events(logGroupName=GROUP)["events"]]
+    assert {line[telemetry.LogField.SAMPLE_BUCKET] for line in lines} == {3145}
+    cloudwatch, cw_stub = stubbed("cloudwatch")
+    sagemaker, sm_stub = stubbed("sagemaker")
+    with cw_stub, sm_stub:
+        _describe_copies(sm_stub)
+        cw_stub.add_response("put_metric_data", {}, {"Namespace": telemetry.NAMESPACE, "MetricData": ANY})
+        result = run_once(AdvisorConfig.from_env({**ENV, "SAMPLE": "0.25"}),
+                          Clients(logs=logs, cloudwatch=cloudwatch, sagemaker=sagemaker), now_ms)
+    assert result["sample_rate"] == 1.0 and result["requests"] == 300
+    assert any("no line matched the sample at rate 0.25" in note for note in result["notes"])
+
+
 def test_an_empty_window_advises_nothing_and_publishes_nothing(aws):
     logs, now_ms = aws
     cfg = AdvisorConfig.from_env(ENV)
@@ -99,6 +193,8 @@ def test_an_empty_window_advises_nothing_and_publishes_nothing(aws):
     ({"PREFIX_LENGTH": "512"}, "PREFIX_LENGTH: '512'; allowed: from 1024 to 65536"),
     ({"COPIES_MAX": "many"}, "COPIES_MAX: 'many' is not an integer"),
     ({"NOTIFY_AFTER_RUNS": "0"}, "NOTIFY_AFTER_RUNS: '0'; allowed: from 1 to 1000"),
+    ({"SAMPLE": "10%"}, "SAMPLE: '10%'; allowed: auto, or a rate from 0.0001 to 1"),
+    ({"SAMPLE": "0"}, "SAMPLE: '0'; allowed: auto, or a rate from 0.0001 to 1"),
 ])
 def test_configuration_errors_name_the_variable(change, message):
     with pytest.raises(ConfigurationError, match=message):

@@ -262,13 +262,17 @@ def test_a_run_models_the_window_on_the_copies_serving_now(run):
     assert fleet == FleetConfig(instances=3, copies=2, preset=preset_for("ml.p5.48xlarge", "70B", 4),
                                 prefix_length=2048, concurrency_threshold=12, block_tokens=256, block_bytes=1024.0)
     assert kwargs == {"settings": NotifySettings(7.5, 0.3, 4), "min_threshold": 3.5}
-    assert result == {"advised": True, "requests": 3, "copies": 5, "better": True, "notified": False,
-                      "notes": ["read 3 events"], "skipped": calls["trace"].skipped.as_dict(), "advice": ADVICE}
+    # (the stub has no Requests figure: the volume is unknown, so the window is read whole)
+    assert result == {"advised": True, "requests": 3, "sample_rate": 1.0, "copies": 5, "better": True, "notified": False,
+                      "notes": ["read 3 events",
+                                "the window's Requests count was not available: read whole, up to 5,000 lines"],
+                      "skipped": calls["trace"].skipped.as_dict(), "advice": ADVICE}
 
 
 def test_a_run_publishes_each_figure_once_with_the_component_and_the_time(run):
     _, calls = run()
-    ((name, kwargs),) = calls["clients"].cloudwatch.calls
+    (volume, (name, kwargs)) = calls["clients"].cloudwatch.calls  # the window's volume first, then the figures
+    assert volume[0] == "get_metric_statistics"
     assert name == "put_metric_data" and kwargs["Namespace"] == "Custom"
     assert kwargs["MetricData"] == [
         {"MetricName": spec.name, "Dimensions": [{"Name": telemetry.DIMENSION_COMPONENT, "Value": "ic-1"}],
@@ -315,4 +319,6 @@ def test_without_a_topic_or_a_state_parameter_nothing_is_sent_or_kept(run):
 def test_a_window_without_requests_advises_nothing_and_calls_nothing_else(run):
     result, calls = run(read=UserError("cloudwatch:g: no requests found"))
     assert result == {"advised": False, "reason": "cloudwatch:g: no requests found"}
-    assert calls["advise"] == [] and calls["clients"].cloudwatch.calls == [] and calls["clients"].sagemaker.asked == []
+    assert calls["advise"] == [] and calls["clients"].sagemaker.asked == []
+    # the window's volume was asked for; nothing published
+    assert [name for name, _ in calls["clients"].cloudwatch.calls] == ["get_metric_statistics"]

@@ -147,3 +147,33 @@ def test_a_ten_percent_miniature_of_a_large_fleet_is_close_to_the_whole(strategy
     assert abs(mini.hit_rate - whole.hit_rate) <= mini.extra["sample"]["hit_rate_band"] + 0.01
     assert mini.copy_hours == pytest.approx(whole.copy_hours, rel=0.05)
     assert mini.ttft_p50_s == pytest.approx(whole.ttft_p50_s, rel=0.1)
+
+
+# --------------------------------------------------------------------------- a log sampled at the source
+
+
+def _log_line(bucket, hot=False, fingerprint="f1", routing_id="pa-a") -> dict:
+    from prefix_routing.rules.telemetry import LogField as F
+
+    return {F.SAMPLE_BUCKET: bucket, F.SAMPLE_HOT: hot, F.PREFIX_FINGERPRINT: fingerprint, F.ROUTING_ID: routing_id}
+
+
+def test_a_source_sample_keeps_its_keys_and_one_in_1_over_r_of_a_hot_key_outside_it():
+    # Rate 0.25: buckets below 2,500; a hot key outside keeps lines 1, 5, 9 of its 10 (one in 4, the first).
+    keep = sampling.SourceSample(0.25)
+    assert [keep.keep(_log_line(2499)) for _ in range(3)] == [True] * 3
+    assert [keep.keep(_log_line(2500, hot=True)) for _ in range(10)] == [True, False, False, False] * 2 + [True, False]
+    # Each hot key counts its own lines: a second one starts with a kept line.
+    assert keep.keep(_log_line(7000, hot=True, fingerprint="f2")) is True
+    assert keep.keep(_log_line(2500)) is False and keep.keep(_log_line(None)) is False
+    assert keep.keep(_log_line(True)) is False  # a boolean is not a bucket
+    assert (keep.keyed, keep.hot_kept, keep.hot_thinned, keep.outside) == (3, 4, 7, 3)
+    assert "one in 4" in keep.note()
+
+
+def test_hot_keys_counted_are_bounded(monkeypatch):
+    monkeypatch.setattr(sampling, "MAX_HOT_KEYS", 2)
+    keep = sampling.SourceSample(0.5)
+    assert [keep.keep(_log_line(9000, hot=True, fingerprint=f)) for f in "abc"] == [True] * 3
+    assert [keep.keep(_log_line(9000, hot=True, fingerprint="c")) for _ in range(3)] == [True] * 3  # past the bound: all
+    assert [keep.keep(_log_line(9000, hot=True, fingerprint="a")) for _ in range(3)] == [False, True, False]
