@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import time
+from functools import partial
 
 from prefix_routing.cli import lab_args
 from prefix_routing.rules.errors import UserError
@@ -49,6 +50,7 @@ def run(args) -> int:
     if args.copies is not None:  # copies now: fewer instances of the same packing
         per = values["copies"]
         values["instances"] = max(1, -(-args.copies // per))
+    presampled = False
     if args.log_file:
         window = traces.read_request_log(args.log_file)
     else:
@@ -57,7 +59,16 @@ def run(args) -> int:
         region = args.region or stage.region
         group = args.log_group or request_log_group(f"{stage.stack_prefix}-Normalizer", region=region)
         end = int(time.time() * 1000)
-        window = traces.read_cloudwatch(group, end - int(parse_age(args.since) * 1000), end, region=region)
+        read = partial(traces.read_cloudwatch, group, end - int(parse_age(args.since) * 1000), end, region=region)
+        if isinstance(args.sample, float) and args.sample < 1.0:
+            # A set rate: only the sample's lines cross the wire (the front door's buckets); a log
+            # written before it logged them has none in the sample, and is read whole.
+            try:
+                window, presampled = read(sample_rate=args.sample), True
+            except UserError:
+                window = read()
+        else:
+            window = read()
     lab_args.report_skipped(window)
     config = FleetConfig(**values, block_tokens=window.block_tokens, block_bytes=window.block_bytes)
     rate = args.sample
@@ -66,7 +77,7 @@ def run(args) -> int:
 
         rate = auto_rate(len(window))
     advice = advisor.advise(window, config, min_threshold=stage.scaling.target_concurrent_requests_per_copy,
-                            sample=1.0 if rate is None else rate)
+                            sample=1.0 if rate is None else rate, presampled=presampled)
     if args.json:
         lab_args.print_json(advice)
     else:

@@ -90,3 +90,46 @@ def test_since_ages(text, seconds):
 def test_bad_since_ages_say_what_is_expected(text):
     with pytest.raises(UserError, match="expected a positive age such as 30m, 1h or 2d"):
         parse_age(text)
+
+
+def test_a_set_rate_on_a_log_group_reads_only_the_sample(stages, capsys, monkeypatch):
+    import boto3
+    import moto
+
+    from prefix_routing.rules.telemetry import LogField
+
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    # The log at PrefixLength 8192: a key per conversation (at 1024 they share one).
+    assert main(["log", "--trace", str(stages / "trace.jsonl"), "--out", str(stages / "log8k.jsonl"),
+                 "--stage", "pl8192"]) == 0
+    capsys.readouterr()
+    lines = [json.loads(line) for line in (stages / "log8k.jsonl").read_text().splitlines()]
+    patterns = []
+    with moto.mock_aws():
+        logs = boto3.client("logs", region_name="us-east-1")
+        logs.create_log_group(logGroupName="g")
+        logs.create_log_stream(logGroupName="g", logStreamName="s")
+        now = int(__import__("time").time() * 1000)
+        logs.put_log_events(logGroupName="g", logStreamName="s", logEvents=[
+            {"timestamp": now - 60_000, "message": json.dumps(line)} for line in lines])
+        boto3.DEFAULT_SESSION = None
+        real_client = boto3.client
+
+        def client(service, **kwargs):
+            made = real_client(service, **kwargs)
+            made.meta.events.register("provide-client-params.logs.FilterLogEvents",
+                                      lambda params, **_: patterns.append(params.get("filterPattern")))
+            return made
+
+        monkeypatch.setattr(boto3, "client", client)
+        code = main(["advise", "--stage", "pl8192", "--log-group", "g", "--region", "us-east-1", "--sample", "0.5",
+                     "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    window = json.loads(out)["window"]
+    assert patterns and all("$.sample_bucket < 5000" in p for p in patterns)
+    in_sample = sum(line[LogField.SAMPLE_BUCKET] < 5000 for line in lines)
+    assert 0 < in_sample < len(lines)
+    assert window["requests"] == window["sample"]["requests"] == in_sample and window["sample"]["at_source"] is True
