@@ -56,6 +56,24 @@ class LongContextSpec:
 
 def long_context_workload(spec: LongContextSpec = LongContextSpec(), *, seed: int = 0) -> Trace:
     """Generate the long-context workload: Poisson arrivals, uniform (or Zipf) prefix choice, unique suffixes."""
+    arrivals, prompts, outputs, blocks = [], [], [], []
+    for t, prompt, output, ids in long_context_requests(spec, seed=seed):
+        arrivals.append(t)
+        prompts.append(prompt)
+        outputs.append(output)
+        blocks.append(ids)
+    if not arrivals:
+        raise UserError("the long-context workload is empty: raise rate_rps or duration_s")
+    t0 = arrivals[0]
+    return Trace(
+        [a - t0 for a in arrivals], prompts, outputs, blocks, block_tokens=spec.block_tokens,
+        source=f"long-context workload (seed {seed})", lines=len(arrivals),
+    )
+
+
+def long_context_requests(spec: LongContextSpec = LongContextSpec(), *, seed: int = 0):
+    """The long-context workload's requests one at a time, (arrival s, prompt tokens, output tokens,
+    block ids): what :func:`long_context_workload` collects, for a caller that cannot hold millions."""
     rng = random.Random(seed)
     if not (isinstance(spec.zipf, (int, float)) and 0 <= spec.zipf <= 10):
         raise UserError(f"zipf={spec.zipf!r}: must be a number from 0 (uniform) to 10")
@@ -68,7 +86,6 @@ def long_context_workload(spec: LongContextSpec = LongContextSpec(), *, seed: in
         raise UserError(f"prefix_tokens {spec.prefix_tokens} must be a multiple of block_tokens {bt}")
     # Prefix p is blocks [p*prefix_blocks, (p+1)*prefix_blocks): chained ids, one chain per prefix.
     next_id = spec.prefixes * prefix_blocks
-    arrivals, prompts, outputs, blocks = [], [], [], []
     t = 0.0
     step_at, step_factor = spec.load_step or (math.inf, 1.0)
     if not (step_factor > 0 and step_at >= 0):
@@ -76,7 +93,7 @@ def long_context_workload(spec: LongContextSpec = LongContextSpec(), *, seed: in
     while True:
         t += rng.expovariate(spec.rate_rps * (step_factor if t >= step_at else 1.0))
         if t > spec.duration_s:
-            break
+            return
         if cumulative is None:
             p = rng.randrange(spec.prefixes)
         else:
@@ -86,17 +103,7 @@ def long_context_workload(spec: LongContextSpec = LongContextSpec(), *, seed: in
         ids = list(range(p * prefix_blocks, (p + 1) * prefix_blocks))
         ids.extend(range(next_id, next_id + suffix_blocks))
         next_id += suffix_blocks
-        arrivals.append(t)
-        prompts.append(spec.prefix_tokens + suffix)
-        outputs.append(rng.randint(*spec.output_tokens))
-        blocks.append(ids)
-    if not arrivals:
-        raise UserError("the long-context workload is empty: raise rate_rps or duration_s")
-    t0 = arrivals[0]
-    return Trace(
-        [a - t0 for a in arrivals], prompts, outputs, blocks, block_tokens=bt,
-        source=f"long-context workload (seed {seed})", lines=len(arrivals),
-    )
+        yield t, spec.prefix_tokens + suffix, rng.randint(*spec.output_tokens), ids
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,11 @@ against at least 32 recent requests' worth of weight, so that a quiet endpoint's
 not "hot". Memory
 is bounded by ``capacity`` fingerprints with the space-saving rule (Metwally et al., 2005): a new
 fingerprint takes the place of the smallest count and inherits it, so a count can overestimate but
-never miss a prefix whose share is above 1/capacity. A prefix is split only once it has at least
-``min_requests`` recent requests (decayed the same way): evidence, not chance.
+never miss a prefix whose share is above 1/capacity. Shares are judged on the count less what it
+inherited (what the prefix surely had): with more prefixes than slots every slot's count is about
+1/capacity of the traffic, which on a fleet of more than ``target_share_factor`` × capacity copies
+would make every prefix that churns through look hot. A prefix is split only once it surely has at
+least ``min_requests`` recent requests (decayed the same way): evidence, not chance.
 
 The replica count of a fingerprint with share s on ``copies`` copies::
 
@@ -93,11 +96,16 @@ def replica_id(routing_id: str | None, replica: int) -> str | None:
 class HotPrefixes:
     """Decayed shares of recent requests per fingerprint, in bounded memory, and the replica to use."""
 
-    __slots__ = ("settings", "_counts", "_turns", "_total", "_floor", "_origin")
+    __slots__ = ("settings", "_counts", "_errors", "_turns", "_total", "_floor", "_origin")
 
     def __init__(self, settings: ReplicationSettings | None = None) -> None:
         self.settings = settings or ReplicationSettings()
         self._counts: dict[Hashable, float] = {}  # weighted counts (space-saving: may overestimate)
+        # What each count inherited when it took a slot (space-saving's error bound): count - error is
+        # a count the fingerprint surely had. Hot is judged on that, else with more fingerprints than
+        # slots every slot holds about 1/capacity of the traffic and every prefix looks hot on a fleet
+        # of more than target_share_factor x capacity copies.
+        self._errors: dict[Hashable, float] = {}
         self._turns: dict[Hashable, int] = {}  # requests assigned per fingerprint (replicas in turn)
         self._total = 0.0
         self._floor = 0.0
@@ -113,13 +121,16 @@ class HotPrefixes:
         if weight > _RESCALE_AT:  # move the origin to now: every count shrinks by the same factor
             for key in self._counts:
                 self._counts[key] /= weight
+            for key in self._errors:
+                self._errors[key] /= weight
             self._total /= weight
             self._floor /= weight
             self._origin, weight = now, 1.0
         return weight
 
     def observe(self, fingerprint: Hashable, now: float) -> float:
-        """Count one request of ``fingerprint`` at ``now``; returns its share of recent requests."""
+        """Count one request of ``fingerprint`` at ``now``; returns its share of recent requests (the
+        share it surely had: its count less what it inherited with its slot)."""
         weight = self._weight(now)
         counts = self._counts
         count = counts.get(fingerprint)
@@ -128,22 +139,27 @@ class HotPrefixes:
                 smallest = min(counts, key=counts.__getitem__)
                 count = counts.pop(smallest)
                 self._turns.pop(smallest, None)
+                self._errors.pop(smallest, None)
+                self._errors[fingerprint] = count
             else:
                 count = 0.0
         counts[fingerprint] = count + weight
         self._total += weight
         self._floor = MIN_EVIDENCE_REQUESTS * weight
-        return counts[fingerprint] / max(self._total, self._floor)
+        return self._sure(fingerprint) / max(self._total, self._floor)
+
+    def _sure(self, fingerprint: Hashable) -> float:
+        return self._counts[fingerprint] - self._errors.get(fingerprint, 0.0)
 
     def share(self, fingerprint: Hashable) -> float:
         """The fingerprint's share at the last request (0 when it is not tracked)."""
         total = max(self._total, self._floor)
-        return self._counts.get(fingerprint, 0.0) / total if total else 0.0
+        return self._sure(fingerprint) / total if total and fingerprint in self._counts else 0.0
 
     def assign(self, fingerprint: Hashable, now: float, copies: int) -> tuple[int, int]:
         """(replica index j, replica count k) for one request: counted, then replicas in turn."""
         share = self.observe(fingerprint, now)
-        if self._counts[fingerprint] < self.settings.min_requests * self._weight(now):
+        if self._sure(fingerprint) < self.settings.min_requests * self._weight(now):
             return 0, 1  # too few recent requests of it to call it hot
         k = replica_count(share, copies, self.settings)
         if k == 1:
@@ -158,7 +174,8 @@ class HotPrefixes:
         if not total:
             return 0
         least = self.settings.min_requests * self._floor / MIN_EVIDENCE_REQUESTS  # in the last request's weight
-        return sum(c >= least and replica_count(c / total, copies, self.settings) > 1 for c in self._counts.values())
+        sure = (self._sure(key) for key in self._counts)
+        return sum(c >= least and replica_count(c / total, copies, self.settings) > 1 for c in sure)
 
 
 def _int_in(value, low: int, high: int) -> bool:

@@ -150,8 +150,26 @@ def test_space_saving_evicts_the_smallest_and_the_newcomer_inherits_its_count():
     hot = HotPrefixes(ReplicationSettings(capacity=2))
     for fingerprint in ("a", "a", "a", "b"):
         hot.observe(fingerprint, 0.0)
-    assert hot.observe("c", 0.0) == pytest.approx((1 + 1) / 32)  # b's 1 + its own 1
+    # c's count is b's 1 + its own 1, but its share is what it surely had: its own 1.
+    assert hot.observe("c", 0.0) == pytest.approx(1 / 32)
     assert len(hot) == 2 and hot.share("b") == 0.0 and hot.share("a") == pytest.approx(3 / 32)
+    assert hot.observe("c", 0.0) == pytest.approx(2 / 32)
+
+
+def test_many_cold_prefixes_churning_through_the_slots_make_none_hot_but_a_hot_one_stays_hot():
+    # 4 slots, 1,000 fingerprints in turn on 100 copies (factor 0.05): every slot's count is about a
+    # quarter of the traffic, 0.25 x 100 / 0.05 = 500 fair shares if read as the prefix's own. Each
+    # newcomer surely had only its own request: never 12 of them (min_requests), never hot.
+    hot = HotPrefixes(ReplicationSettings(capacity=4))
+    assert all(hot.assign(f"cold-{i}", 0.0, 100) == (0, 1) for i in range(1000))
+    assert hot.hot(100) == 0
+    # One prefix in every other request keeps its slot (its count is never the smallest) and its own
+    # requests: from its 12th on (min_requests) it is hot.
+    got = []
+    for i in range(40):
+        hot.assign(f"more-{i}", 0.0, 100)
+        got.append(hot.assign("hot", 0.0, 100)[1] > 1)
+    assert got == [False] * 11 + [True] * 29 and hot.hot(100) == 1
 
 
 # ----------------------------------------------------------------------------- assign and hot
