@@ -40,9 +40,18 @@ def run(args) -> int:
     if getattr(args, "sample", None) is not None and any(replications):
         raise UserError("--sample: a sampled run does not model hot-prefix replication (its shares count requests, "
                         "which a sample thins); leave --sample out")
-    # Sampled by the keys of the fleet's own PrefixLength (the first given, or the default).
+    # Sampled by the keys of the fleet's own PrefixLength (the first given, or the default). The grid
+    # runs on the miniature of PREFIX_AWARE; the baselines, which spread a key over every copy, on the
+    # whole fleet's copies, each scaled (lab/sampling.py).
+    whole_config = config
     trace, config, speed, rate, _, whole = lab_args.sampled(args, trace, config, limits=limits,
-                                                            strategies=[Strategy.PREFIX_AWARE, *baselines])
+                                                            strategies=[Strategy.PREFIX_AWARE])
+    baseline_fleet = None
+    if rate < 1.0 and baselines:
+        from prefix_routing.lab.sampling import miniature
+
+        base, base_share = miniature(whole_config, rate, baselines)
+        baseline_fleet = (base, getattr(args, "speed", 1.0) / base_share)
     result = lab.tune(
         trace,
         config,
@@ -54,6 +63,7 @@ def run(args) -> int:
         progress=args.progress,
         replications=replications,
         limits=limits,
+        baseline_fleet=baseline_fleet,
     )
     if rate < 1.0:
         result["sample"] = {"rate": rate, "requests": len(trace), "of_requests": whole,

@@ -84,23 +84,26 @@ def advise(
     grid_thresholds = sorted({*(t for t in thresholds if t >= min_threshold), config.concurrency_threshold})
     deployed = (config.replication,)  # the front door's replication as deployed
     memo: dict = {}  # the two passes share simulations (the best length at the current threshold) and keys
-    simulated, speed = trace, 1.0
+    simulated, speed, baseline_fleet = trace, 1.0, None
     if sample < 1.0:
         from prefix_routing.lab import sampling
 
         sampling.check_sampling(current_config)
-        strategies = (Strategy.PREFIX_AWARE, Strategy.RANDOM)  # RANDOM, the verdict's baseline, needs every copy
-        if presampled:
-            current_config, share = sampling.miniature(current_config, sample, strategies)
-        else:
-            simulated, current_config, share = sampling.shrink(trace, current_config, sample, strategies)
+        # RANDOM, the verdict's baseline, spreads a key over every copy: the whole fleet's copies, each
+        # scaled; the grid's PREFIX_AWARE gets the miniature fleet of whole copies.
+        random_fleet, random_share = sampling.miniature(current_config, sample, (Strategy.RANDOM,))
+        baseline_fleet = (random_fleet, 1.0 / random_share)
+        whole = current_config
+        current_config, share = sampling.miniature(whole, sample, (Strategy.PREFIX_AWARE,))
+        if not presampled:
+            simulated = sampling.sample(trace, sample, whole.key_blocks)
         speed = 1.0 / share
     by_length = tune(simulated, current_config, prefix_lengths=grid_lengths, thresholds=[config.concurrency_threshold],
                      baselines=(), replications=deployed, memo=memo, speed=speed)
     current = next(p for p in by_length["points"] if p["prefix_length"] == config.prefix_length)
     tuned = tune(simulated, current_config, prefix_lengths=[by_length["recommendation"]["prefix_length"]],
                  thresholds=grid_thresholds, baselines=(Strategy.RANDOM,), replications=deployed,
-                 reuse_share=reuse["prefix_reuse"], memo=memo, speed=speed)
+                 reuse_share=reuse["prefix_reuse"], memo=memo, speed=speed, baseline_fleet=baseline_fleet)
     best = _choose(tuned["recommendation"], current, by_length["points"] + tuned["points"], settings)
     kept = best is current
     gain_points, ttft_gain = _gains(best, current)
@@ -113,9 +116,10 @@ def advise(
         from prefix_routing.lab.simulate import config_for_trace
 
         k = config_for_trace(current_config, simulated).key_blocks
-        now = next(r for key, r in memo.items() if key[0] != "keys" and key[:2] == (k, config.concurrency_threshold))
+        now = next((r for key, r in memo.items() if key[0] != "keys" and key[:2] == (k, config.concurrency_threshold)),
+                   None)
         sampled = {"rate": sample, "requests": len(simulated), "at_source": presampled,
-                   "hit_rate_band": sampling.result_band(now, simulated, sample, k)}
+                   "hit_rate_band": None if now is None else sampling.result_band(now, simulated, sample, k)}
     return {
         "window": {"source": trace.source, "requests": len(trace), "duration_s": trace.duration_s,
                    **({"sample": sampled} if sampled else {})},
@@ -236,8 +240,9 @@ def render(advice: dict) -> str:
     lines = [
         f"window: {w['source']}: {w['requests']:,} requests over {w['duration_s']:,.0f} s"
         + (f"; simulated on a sample of its routing keys at rate {sampled['rate']:g} ({sampled['requests']:,} "
-           f"requests{', sampled in the log' if sampled.get('at_source') else ''}; predicted hit rate "
-           f"±{100 * sampled['hit_rate_band']:.1f} points, 95 %)" if sampled else ""),
+           f"requests{', sampled in the log' if sampled.get('at_source') else ''}"
+           + (f"; predicted hit rate ±{100 * sampled['hit_rate_band']:.1f} points, 95 %"
+              if sampled.get("hit_rate_band") is not None else "") + ")" if sampled else ""),
         f"hit rate measured in production: {'not reported' if measured is None else f'{measured:.1%}'}; "
         f"bound (one infinite shared cache): {advice['hit_rate_bound']:.1%}",
     ]

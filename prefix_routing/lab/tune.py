@@ -31,6 +31,7 @@ def tune(
     reuse_share: float | None = None,
     limits: LimitSettings | None = None,
     memo: dict | None = None,
+    baseline_fleet: tuple[FleetConfig, float] | None = None,
 ) -> dict:
     """Sweep PREFIX_AWARE over PrefixLength × ConcurrencyThreshold (× hot-prefix replication: None
     for off, or settings to try), plus baseline strategies. With RANDOM among them the result has
@@ -44,7 +45,9 @@ def tune(
     that caps a hot copy's queue soonest). PrefixLengths that key the same number of blocks behave
     identically and are simulated once. ``memo``: a dict kept between calls on the same trace, fleet
     and limits (the advisor's coordinate search), so that a setting simulated before is not simulated
-    again and each key length's routing keys are computed once.
+    again and each key length's routing keys are computed once. ``baseline_fleet``: (fleet, speed)
+    the baselines run on instead of ``config`` and ``speed`` (a miniature's: strategies that spread a
+    key over every copy keep the whole fleet's copies, lab/sampling.py).
     """
     for pl in prefix_lengths:
         if not PREFIX_LENGTH_RANGE[0] <= pl <= PREFIX_LENGTH_RANGE[1]:
@@ -67,9 +70,11 @@ def tune(
     points = []
     try:
         baseline_rows = []
+        base_config, base_speed = baseline_fleet or (config, speed)
+        base_config = config_for_trace(base_config, trace)
         for s in baselines:
             # (fixed copies where autoscaling is not modelled)
-            r = simulate(trace, for_strategy(config, s), speed=speed, bar=bar, limits=limits)
+            r = simulate(trace, for_strategy(base_config, s), speed=base_speed, bar=bar, limits=limits)
             baseline_rows.append(_point(r, None))
         cache: dict[tuple, SimResult] = {} if memo is None else memo
         for k, pl in by_blocks.items():

@@ -441,3 +441,25 @@ def test_simulate_and_tune_with_a_sample_say_its_rate_size_and_band(capsys):
     assert code == 2 and "--sample" in err and "a rate from 0.0001 to 1" in err
     code, _, err = run(capsys, "simulate", *common, "--sample", "0.5", "--replication", "on")
     assert code == 2 and "--sample: a sampled run does not model hot-prefix replication" in err
+
+
+def test_tune_with_a_sample_runs_its_grid_on_whole_copies_and_its_baselines_on_every_copy(capsys, monkeypatch):
+    # 160 instances at rate 0.1: the grid on 16, each copy whole; RANDOM and LEAST_OUTSTANDING_REQUESTS
+    # on all 160, each copy's cache x 0.1 and the clock x 10 (lab/sampling.py).
+    from prefix_routing import lab
+
+    seen = {}
+    real = lab.tune
+
+    def spy(trace, config, **kwargs):
+        seen.update(config=config, speed=kwargs["speed"], baseline_fleet=kwargs["baseline_fleet"])
+        return real(trace, config, **kwargs)
+
+    monkeypatch.setattr(lab, "tune", spy)
+    code, _, err = run(capsys, "tune", "--workload", "long-context", "--limit", "3000", "--json", "--no-plots",
+                       "--instances", "160", "--sample", "0.1", "--prefix-length", "4096",
+                       "--concurrency-threshold", "10")
+    assert code == 0, err
+    assert (seen["config"].instances, seen["config"].cache_scale, seen["speed"]) == (16, 1.0, 1.0)
+    base, speed = seen["baseline_fleet"]
+    assert (base.instances, base.cache_scale, speed) == (160, 0.1, pytest.approx(10.0))

@@ -4,6 +4,8 @@ notification rule's state, the measured-above-the-bound warning, and the notific
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from prefix_routing.lab import advisor
@@ -204,10 +206,11 @@ class FakeTune:
         self.table, self.picks, self.calls = table, list(picks), []
 
     def __call__(self, trace, config, *, prefix_lengths, thresholds, baselines, replications, reuse_share=None,
-                 memo=None, speed=1.0):
+                 memo=None, speed=1.0, baseline_fleet=None):
         self.calls.append({"trace": trace, "config": config, "prefix_lengths": list(prefix_lengths),
                            "thresholds": list(thresholds), "baselines": tuple(baselines),
-                           "replications": tuple(replications), "reuse_share": reuse_share, "memo": memo})
+                           "replications": tuple(replications), "reuse_share": reuse_share, "memo": memo,
+                           "speed": speed, "baseline_fleet": baseline_fleet})
         points = [self.table[(pl, t)] for pl in prefix_lengths for t in thresholds]
         return {"points": points, "recommendation": self.table[self.picks.pop(0)],
                 "baselines": [RANDOM] if Strategy.RANDOM in baselines else [], "tenants": TENANTS}
@@ -313,3 +316,21 @@ def test_a_pick_that_cuts_p50_by_exactly_the_bar_is_better_on_ttft_alone(searche
                             thresholds=(10,))
     assert advice["gain_points"] == 0.0 and advice["ttft_gain"] == pytest.approx(0.2)
     assert advice["better"] is True  # 20 % off P50 meets the 20 % bar
+
+
+def test_a_sampled_search_runs_the_grid_on_whole_copies_and_random_on_every_copy_scaled(searched):
+    # 100 instances at rate 0.1 (a window already sampled at the source): PREFIX_AWARE's grid on 10
+    # instances, each copy whole, at the whole's clock; RANDOM, which spreads a key over every copy,
+    # on all 100 with each copy's cache x 0.1 and the clock x 10 (lab/sampling.py).
+    trace = window()
+    config = dataclasses.replace(CONFIG, instances=100)
+    advice, tune, _ = searched(TABLE, [(8192, 10), (8192, 4)], config, trace, prefix_lengths=(8192, 1024),
+                               thresholds=(4,), sample=0.1, presampled=True)
+    first, second = tune.calls
+    for call in (first, second):
+        assert (call["config"].instances, call["config"].cache_scale, call["speed"]) == (10, 1.0, 1.0)
+        assert call["trace"] is trace  # sampled at the source: not sampled again
+    base, speed = second["baseline_fleet"]
+    assert (base.instances, base.cache_scale, speed) == (100, 0.1, pytest.approx(10.0))
+    assert advice["window"]["sample"] == {"rate": 0.1, "requests": len(trace), "at_source": True,
+                                          "hit_rate_band": None}  # (the fake tune simulates nothing)
