@@ -92,15 +92,12 @@ class AdvisorConfig:
 
 
 def _sample_setting(raw: str | None) -> float | str:
-    if raw is None or raw.strip().lower() == "auto":
-        return "auto"
+    from prefix_routing.lab.sampling import parse_rate
+
     try:
-        rate = float(raw)
-    except ValueError:
-        rate = math.nan
-    if not sampling.MIN_RATE <= rate <= 1.0:
-        raise ConfigurationError(f"SAMPLE: {raw!r}; allowed: auto, or a rate from {sampling.MIN_RATE} to 1")
-    return rate
+        return "auto" if raw is None else parse_rate(raw)
+    except UserError:
+        raise ConfigurationError(f"SAMPLE: {raw!r}; allowed: auto, or a rate from {sampling.MIN_RATE} to 1") from None
 
 
 @dataclass(frozen=True)

@@ -193,7 +193,7 @@ def test_an_empty_window_advises_nothing_and_publishes_nothing(aws):
     ({"PREFIX_LENGTH": "512"}, "PREFIX_LENGTH: '512'; allowed: from 1024 to 65536"),
     ({"COPIES_MAX": "many"}, "COPIES_MAX: 'many' is not an integer"),
     ({"NOTIFY_AFTER_RUNS": "0"}, "NOTIFY_AFTER_RUNS: '0'; allowed: from 1 to 1000"),
-    ({"SAMPLE": "10%"}, "SAMPLE: '10%'; allowed: auto, or a rate from 0.0001 to 1"),
+    ({"SAMPLE": "10 percent"}, "SAMPLE: '10 percent'; allowed: auto, or a rate from 0.0001 to 1"),
     ({"SAMPLE": "0"}, "SAMPLE: '0'; allowed: auto, or a rate from 0.0001 to 1"),
 ])
 def test_configuration_errors_name_the_variable(change, message):
