@@ -81,8 +81,13 @@ def tune(
             keys = cache.get(("keys", k))
             if keys is None:
                 keys = cache["keys", k] = trace_keys(trace, k)
-            for t in thresholds:
+            for t in thresholds:  # in ascending order: a run that spilled nothing stands for every higher one
                 for rep in replications:
+                    if (k, t, rep) not in cache:
+                        unspilled = _unspilled_below(cache, k, t, rep)
+                        if unspilled is not None:
+                            cache[(k, t, rep)] = replace(
+                                unspilled, config=replace(unspilled.config, concurrency_threshold=t))
                     if (k, t, rep) in cache:
                         if bar is not None:
                             bar.update(len(trace))
@@ -154,6 +159,18 @@ def tune(
         "thresholds": thresholds,
         "tenants": tenant_summary(trace),  # how many, and one that dominates the load (lab/tenants.py)
     }
+
+
+def _unspilled_below(cache: dict, k: int, threshold: int, replication) -> SimResult | None:
+    """A run of the same key length and replication at a lower threshold that spilled no request:
+    at every arrival its home copy had fewer requests in flight than that threshold, so at this one
+    too, and every routing decision, hence the whole run, is the same (the threshold enters the
+    model nowhere else). None when there is none."""
+    for key, result in cache.items():
+        if (len(key) == 3 and key[0] == k and key[2] == replication and key[1] < threshold
+                and result.spills == 0 and result.config.concurrency_threshold == key[1]):
+            return result
+    return None
 
 
 def _point(r: SimResult, prefix_length: int | None) -> dict:

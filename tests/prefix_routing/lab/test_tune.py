@@ -81,3 +81,37 @@ def test_a_memo_kept_between_calls_simulates_each_setting_once_with_the_same_poi
     assert second["points"] == fresh["points"]
     assert [p for p in first["points"] if p["prefix_length"] == 4096] == [
         p for p in second["points"] if p["concurrency_threshold"] == 8]
+
+
+def test_a_threshold_above_one_that_spilled_nothing_is_that_run_and_is_not_simulated_again(mooncake_slice, monkeypatch):
+    import sys
+
+    tune_module = sys.modules["prefix_routing.lab.tune"]
+    calls = []
+    real = tune_module.simulate
+    monkeypatch.setattr(tune_module, "simulate", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    trace, config = mooncake_slice.head(300), FleetConfig(instances=4)
+    result = lab.tune(trace, config, prefix_lengths=[4096], thresholds=[1, 64, 128, 1024], baselines=())
+    spills = {p["concurrency_threshold"]: p["spills"] for p in result["points"]}
+    assert spills[1] > 0 and spills[64] == 0  # threshold 1 spills; 64 spills nothing, so neither do 128, 1024
+    assert [c.concurrency_threshold for c in calls] == [1, 64]
+    for p in result["points"]:  # each point is what a run of its own gives
+        own = lab.simulate(trace, FleetConfig(instances=4, prefix_length=4096,
+                                              concurrency_threshold=p["concurrency_threshold"]))
+        assert (p["hit_rate"], p["ttft_p50_s"], p["ttft_p99_s"], p["max_mean_requests"], p["spills"]) == (
+            own.hit_rate, own.ttft_p50_s, own.ttft_p99_s, own.max_mean_requests, own.spills)
+        assert p["concurrency_threshold"] == own.config.concurrency_threshold
+
+
+def test_a_run_that_spilled_nothing_never_stands_for_a_lower_threshold(mooncake_slice, monkeypatch):
+    import sys
+
+    tune_module = sys.modules["prefix_routing.lab.tune"]
+    calls = []
+    real = tune_module.simulate
+    monkeypatch.setattr(tune_module, "simulate", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    trace, config = mooncake_slice.head(300), FleetConfig(instances=4)
+    memo: dict = {}
+    lab.tune(trace, config, prefix_lengths=[4096], thresholds=[1024], baselines=(), memo=memo)
+    result = lab.tune(trace, config, prefix_lengths=[4096], thresholds=[1], baselines=(), memo=memo)
+    assert [c.concurrency_threshold for c in calls] == [1024, 1] and result["points"][0]["spills"] > 0
