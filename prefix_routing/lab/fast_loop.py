@@ -120,7 +120,10 @@ def run(fleet: Fleet, lo: int, hi: int, inv: float, keys, arrivals, prompts, out
             timeouts_[g] += 1
             finish = now + timeout
             heappush(done, (finish, g))
-            firsts[i], cached_out[i], where[i], ends[i] = _INF, 0, g, finish
+            firsts[i] = _INF
+            cached_out[i] = 0
+            where[i] = g
+            ends[i] = finish
             if finish > last_finish:
                 last_finish = finish
             continue
@@ -163,7 +166,10 @@ def run(fleet: Fleet, lo: int, hi: int, inv: float, keys, arrivals, prompts, out
                     _consume(map(cache.popitem, _repeat(False, extra)))
         elif not infinite:
             _touch(cache, ids, m, False, cap)
-        firsts[i], cached_out[i], where[i], ends[i] = first, cached, g, finish
+        firsts[i] = first
+        cached_out[i] = cached
+        where[i] = g
+        ends[i] = finish
         if finish > last_finish:
             last_finish = finish
     fleet.spills += spills
