@@ -1,0 +1,103 @@
+"""The simulator's inlined loop (lab/fast_loop.py) against the reference, Fleet._place, request by request."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from prefix_routing import lab
+from prefix_routing.lab import fast_loop
+from prefix_routing.lab.fleet_config import FleetConfig
+from prefix_routing.lab.misses import ClientKey
+from prefix_routing.lab.routing import Strategy
+from prefix_routing.lab.traces import Trace
+from tests.prefix_routing.lab.conftest import P5_8B
+
+
+def _run(trace, config, monkeypatch, *, fast, keys=None, speed=1.0, slow=None, chunks=1):
+    """A Simulator over ``trace`` (in ``chunks`` feeds), with or without the inlined loop."""
+    with monkeypatch.context() as m:
+        if not fast:
+            m.setattr(fast_loop, "eligible", lambda fleet: False)
+        sim = lab.Simulator(lab.config_for_trace(config, trace), speed=speed)
+        assert fast_loop.eligible(sim.fleet) is fast
+        if slow:
+            sim.fleet.set_slowdown(*slow)
+        n = len(trace)
+        bounds = [n * i // chunks for i in range(chunks + 1)]
+        for lo, hi in zip(bounds, bounds[1:]):
+            part = Trace(trace.arrivals[lo:hi], trace.prompt_tokens[lo:hi], trace.output_tokens[lo:hi],
+                         trace.blocks[lo:hi], trace.block_tokens, trace.block_bytes,
+                         trace.routing_ids[lo:hi] if trace.routing_ids else None, source=trace.source)
+            sim.feed(part, keys=None if keys is None else keys[lo:hi])
+        return sim
+
+
+def _state(sim):
+    fleet, engines = sim.fleet, sim.fleet.engines
+    result = sim.result().as_dict()
+    result.pop("wall_s")
+    return (
+        result,
+        list(sim.firsts), list(sim.cached), list(sim.copy_of), list(sim.ends), sim.last_finish,
+        fleet._out, fleet._done, fleet._requests, fleet._prompt, fleet._cached, fleet._spills_in, fleet._timeouts,
+        fleet.spills, fleet.timeouts, fleet.misses.as_dict(), fleet.misses.seen, fleet.misses.older,
+        [list(c) for c in fleet._caches],
+        engines.slots, engines.run_tokens, engines.last_start, engines.prefill_free,
+    )
+
+
+def _same(trace, config, monkeypatch, **kw):
+    fast = _state(_run(trace, config, monkeypatch, fast=True, **kw))
+    reference = _state(_run(trace, config, monkeypatch, fast=False, **kw))
+    for a, b in zip(fast, reference):
+        assert a == b
+    return fast[0]
+
+
+CONFIGS = {
+    "prefix, small LRU, spills": FleetConfig(instances=8, cache_tokens=200_000, concurrency_threshold=2),
+    "prefix, preset LRU": FleetConfig(instances=8),
+    "prefix, infinite": FleetConfig(instances=4, cache_tokens=math.inf),
+    "prefix, 8 copies per instance": FleetConfig(instances=2, preset=P5_8B, cache_tokens=100_000,
+                                                 concurrency_threshold=3),
+    "random": FleetConfig(instances=8, strategy=Strategy.RANDOM, cache_tokens=200_000),
+    "least outstanding": FleetConfig(instances=8, strategy=Strategy.LEAST_OUTSTANDING_REQUESTS,
+                                     cache_tokens=200_000),
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_the_inlined_loop_gives_what_place_gives(mooncake_slice, monkeypatch, name):
+    result = _same(mooncake_slice, CONFIGS[name], monkeypatch, chunks=3)
+    assert result["requests"] == len(mooncake_slice)
+
+
+def test_timeouts_and_slowdowns_too(mooncake_slice, monkeypatch):
+    config = FleetConfig(instances=2, cache_tokens=200_000, timeout_s=2.0, concurrency_threshold=4)
+    result = _same(mooncake_slice, config, monkeypatch, speed=8.0, slow=(1, 3.0))
+    assert result["timeouts"] > 0 and result["spills"] > 0
+
+
+def test_client_keys_and_string_keys(mooncake_slice, monkeypatch):
+    config = FleetConfig(instances=4, cache_tokens=300_000)
+    k = lab.config_for_trace(config, mooncake_slice).key_blocks
+    keys = lab.trace_keys(mooncake_slice, k)
+    mixed = [ClientKey(("raw", key)) if i % 3 == 0 else f"id-{key}" if i % 3 == 1 else key
+             for i, key in enumerate(keys)]
+    result = _same(mooncake_slice, config, monkeypatch, keys=mixed)
+    assert result["misses"]["rekeyed"] > 0
+
+
+def test_ids_that_are_not_chained(monkeypatch):
+    """Repeated and shared ids in any position: the LRU touch's one-by-one fallback."""
+    rng = random.Random(7)
+    n = 400
+    blocks = [[rng.randrange(60) for _ in range(rng.randrange(0, 12))] for _ in range(n)]
+    trace = Trace([i * 0.05 for i in range(n)], [len(b) * 16 + rng.randrange(20) for b in blocks],
+                  [rng.randrange(1, 50) for _ in range(n)], blocks, 16, None, None, source="random ids")
+    for strategy in (Strategy.PREFIX_AWARE, Strategy.RANDOM):
+        _same(trace, FleetConfig(instances=3, strategy=strategy, cache_tokens=16 * 20, concurrency_threshold=2),
+              monkeypatch, chunks=2)
