@@ -60,7 +60,7 @@ NOT_RUN = {
     "python -m prefix_routing verify --stage llama8b-g6e --region us-east-1": "needs an AWS account (a deployed stage)",
     "python -m prefix_routing verify --stage llama8b-g6e --region us-east-1 --invoke":
         "needs an AWS account (a deployed stage)",
-    "python -m prefix_routing advise --stage NAME [--since 1h] [--log-group NAME] [--region R]":
+    "python -m prefix_routing advise --stage NAME [--since 1h] [--log-group NAME] [--region R] [--sample R|auto]":
         "needs an AWS account (reads the request log from CloudWatch Logs)",
     "python -m prefix_routing benchmark --stage llama70b-p5 --workload shared-prefix":
         "needs an AWS account (a deployed stage; runs a billed benchmark job)",

@@ -41,9 +41,10 @@ def run(fleet: Fleet, lo: int, hi: int, inv: float, keys, arrivals, prompts, out
     requests_, prompt_, cached_, spills_in, timeouts_ = (fleet._requests, fleet._prompt, fleet._cached,
                                                          fleet._spills_in, fleet._timeouts)
     bt, infinite, cap = fleet._bt, fleet._infinite, fleet._cap_blocks
-    misses = fleet.misses
-    seen, older, limit = misses.seen, misses.older, misses.limit
-    book, held_elsewhere = misses.book, fleet._held_elsewhere
+    misses = fleet.misses  # None: causes not asked for
+    if misses is not None:
+        seen, older, limit = misses.seen, misses.older, misses.limit
+        book, held_elsewhere = misses.book, fleet._held_elsewhere
     timeout = fleet._timeout
     engines = fleet.engines
     eslots, run_tokens, last_start, prefill_free, slow = (engines.slots, engines.run_tokens, engines.last_start,
@@ -142,8 +143,9 @@ def run(fleet: Fleet, lo: int, hi: int, inv: float, keys, arrivals, prompts, out
         # The misses ledger (Fleet._place's common cases; MissLedger.book otherwise).
         if m < len(ids):
             rest = ids[m:] if m else ids
-            first_block = rest[0]
-            if cached < prompt and (first_block in seen or first_block in older or key.__class__ is ClientKey):
+            if misses is None:
+                pass
+            elif cached < prompt and (rest[0] in seen or rest[0] in older or key.__class__ is ClientKey):
                 book(ids, g, m, prompt, cached, bt, held_elsewhere, key.__class__ is ClientKey)
                 seen, older = misses.seen, misses.older
             else:

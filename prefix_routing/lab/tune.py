@@ -74,7 +74,8 @@ def tune(
         base_config = config_for_trace(base_config, trace)
         for s in baselines:
             # (fixed copies where autoscaling is not modelled)
-            r = simulate(trace, for_strategy(base_config, s), speed=base_speed, bar=bar, limits=limits)
+            r = simulate(trace, for_strategy(base_config, s), speed=base_speed, bar=bar, limits=limits,
+                         explain_misses=False)  # (a point has no misses by cause)
             baseline_rows.append(_point(r, None))
         cache: dict[tuple, SimResult] = {} if memo is None else memo
         for k, pl in by_blocks.items():
@@ -94,7 +95,8 @@ def tune(
                         continue
                     cfg = replace(config, strategy=Strategy.PREFIX_AWARE, prefix_length=pl, concurrency_threshold=t,
                                   replication=rep)
-                    cache[(k, t, rep)] = simulate(trace, cfg, speed=speed, keys=keys, bar=bar, limits=limits)
+                    cache[(k, t, rep)] = simulate(trace, cfg, speed=speed, keys=keys, bar=bar, limits=limits,
+                                                  explain_misses=False)
         for pl in prefix_lengths:
             k = replace(config, prefix_length=pl).key_blocks
             for t in thresholds:

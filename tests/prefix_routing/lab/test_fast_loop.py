@@ -101,3 +101,16 @@ def test_ids_that_are_not_chained(monkeypatch):
     for strategy in (Strategy.PREFIX_AWARE, Strategy.RANDOM):
         _same(trace, FleetConfig(instances=3, strategy=strategy, cache_tokens=16 * 20, concurrency_threshold=2),
               monkeypatch, chunks=2)
+
+
+@pytest.mark.parametrize("capacity", [2_000, None])
+@pytest.mark.parametrize("instances", [4, 1])  # this loop, and Fleet._place (one copy)
+def test_without_the_misses_ledger_every_other_figure_is_the_same(mooncake_slice, capacity, instances):
+    # tune's grid asks for no causes: the same run, its misses left out.
+    trace = mooncake_slice.head(400)
+    config = FleetConfig(instances=instances, prefix_length=4096, concurrency_threshold=4,
+                         **({"cache_tokens": capacity} if capacity else {}))
+    full, bare = lab.simulate(trace, config), lab.simulate(trace, config, explain_misses=False)
+    assert bare.misses == {} and sum(full.misses.values()) > 0
+    assert (bare.hit_rate, list(bare.ttft), bare.cached_tokens, bare.spills, bare.max_mean_requests) == (
+        full.hit_rate, list(full.ttft), full.cached_tokens, full.spills, full.max_mean_requests)
