@@ -8,7 +8,9 @@ one at a time and fed to one ``lab.Simulator`` (a million requests' block lists 
 comfortably in memory); generating a replay is the only untimed work.
 
 The timed part is what ``lab.simulate`` does for a trace: the routing keys (``lab.trace_keys``,
-PREFIX_AWARE only; other strategies route without keys) and ``Simulator.feed``. The baseline is a
+PREFIX_AWARE only; other strategies route without keys) and ``Simulator.feed``. Timed apart, for
+information: the same without the misses ledger (``explain_misses=False``, as ``tune`` and the
+advisor run their many simulations), which must give the same hit rate and TTFT. The baseline is a
 plain loop, in the same process and on the same replays, that only reads each request's fields
 (arrival, prompt and output tokens, its block list) and does nothing with them: the floor for any
 per-request Python loop, so that the ratio can be compared across machines.
@@ -83,10 +85,11 @@ def run_once(trace: traces.Trace, config: FleetConfig, requests: int, id_shift: 
     keyed = config.strategy is Strategy.PREFIX_AWARE
     k = config.key_blocks
     sim = lab.Simulator(config)
+    bare = lab.Simulator(config, explain_misses=False)  # as tune and the advisor run it: no misses by cause
     minimal = MinimalPrefixSim(config.total_copies, k, config.concurrency_threshold, int(config.block_tokens),
                                int(config.capacity_tokens // config.block_tokens)) \
         if keyed and not math.isinf(config.capacity_tokens) else None
-    generate_s = baseline_s = keys_s = simulate_s = simulate_cpu_s = minimal_s = 0.0
+    generate_s = baseline_s = keys_s = simulate_s = simulate_cpu_s = minimal_s = bare_s = 0.0
     remaining, r = requests, 0
     collecting = gc.isenabled()
     gc.disable()  # the simulator allocates few cycles; the collector would only add noise
@@ -105,6 +108,9 @@ def run_once(trace: traces.Trace, config: FleetConfig, requests: int, id_shift: 
             t3 = time.perf_counter()
             sim.feed(chunk, keys=keys)
             t4, c4 = time.perf_counter(), time.process_time()
+            b0 = time.perf_counter()
+            bare.feed(chunk, keys=lab.trace_keys(chunk, k) if keyed else None)
+            bare_s += time.perf_counter() - b0
             generate_s += t1 - t0
             keys_s += t3 - t2
             simulate_s += t4 - t2
@@ -116,7 +122,11 @@ def run_once(trace: traces.Trace, config: FleetConfig, requests: int, id_shift: 
         if collecting:
             gc.enable()
     result = sim.result()
+    bare_result = bare.result()
+    if (bare_result.hit_rate, bare_result.ttft_p50_s) != (result.hit_rate, result.ttft_p50_s):
+        raise SystemExit("bench_simulate: the run without misses by cause differs (it must not)")
     return {
+        "bare_requests_per_s": result.requests / bare_s,
         "result": result,
         "replays": r,
         "generate_s": generate_s,
@@ -209,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_to_minimal_median": statistics.median(run["requests_per_s"] / run["minimal_requests_per_s"]
                                                      for run in runs) if runs[0]["minimal_requests_per_s"] else None,
         "minimal_hit_rate": runs[0]["minimal_hit_rate"],
+        "without_causes_requests_per_s_median": statistics.median(run["bare_requests_per_s"] for run in runs),
+        "without_causes_ratio_to_minimal_median": statistics.median(
+            run["bare_requests_per_s"] / run["minimal_requests_per_s"] for run in runs)
+        if runs[0]["minimal_requests_per_s"] else None,
         "generate_s": statistics.median(run["generate_s"] for run in runs),
         "target_requests_per_s": TARGET_RPS,
         "target_on": "median",
@@ -236,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  a minimal PREFIX_AWARE + LRU simulation of the same replays (bench/minimal_prefix_sim.py): median "
                   f"{report['minimal_requests_per_s_median']:,.0f} requests/s, hit rate {report['minimal_hit_rate']:.1%}; "
                   f"the lab's speed relative to it: median {report['ratio_to_minimal_median']:.2f} (for information)")
+            print(f"  the lab without misses by cause (as tune and the advisor run it): median "
+                  f"{report['without_causes_requests_per_s_median']:,.0f} requests/s, relative to the minimal one "
+                  f"{report['without_causes_ratio_to_minimal_median']:.2f}")
         print(f"  generating the replays: median {report['generate_s']:.2f} s per repeat (not counted)")
         print(f"  hit rate {first.hit_rate:.1%}, P50 TTFT {first.ttft_p50_s * 1000:.0f} ms, "
               f"max/mean {first.max_mean_requests:.2f}")

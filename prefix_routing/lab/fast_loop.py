@@ -13,7 +13,7 @@ tests/prefix_routing/lab/test_fast_loop.py runs both on the same traces and comp
 from __future__ import annotations
 
 from heapq import heappop, heappush
-from itertools import repeat as _repeat
+from itertools import repeat as _repeat, takewhile as _takewhile
 
 from prefix_routing.lab.fleet import _NONES, Fleet, _consume, _touch
 from prefix_routing.lab.misses import ClientKey
@@ -76,7 +76,7 @@ def run(fleet: Fleet, lo: int, hi: int, inv: float, keys, arrivals, prompts, out
                 spills_in[g] += 1
         ids, prompt, output = blocks[i], prompts[i], outputs[i]
         cache = caches[g]
-        m = sum(map(cache.__contains__, ids))
+        m = len(list(_takewhile(cache.__contains__, ids)))  # the leading blocks held (Fleet._place)
         cached = m * bt
         if cached > prompt:
             cached = prompt
@@ -158,7 +158,10 @@ def run(fleet: Fleet, lo: int, hi: int, inv: float, keys, arrivals, prompts, out
             if infinite:
                 cache.update(ids)
             else:
+                before = len(cache)
                 _consume(map(cache.__setitem__, reversed(rest), _NONES))
+                if len(cache) - before != len(rest):  # ids not chained: see fleet._touch
+                    _consume(map(cache.move_to_end, reversed(rest)))
                 if m:
                     try:
                         _consume(map(cache.move_to_end, reversed(ids[:m])))

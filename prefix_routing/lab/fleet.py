@@ -113,7 +113,7 @@ import random
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from heapq import heappop, heappush
-from itertools import repeat as _repeat
+from itertools import repeat as _repeat, takewhile as _takewhile
 from typing import Hashable, Sequence
 
 from prefix_routing.lab.autoscaling import CopyPool
@@ -410,7 +410,9 @@ class Fleet:
         slots = self._slots
         if slots is None:
             cache = caches[g]
-            m = sum(map(cache.__contains__, blocks))
+            # The leading blocks it holds, as an engine's prefix cache matches (the lookups stop at
+            # the first block missing; for chained ids the only ones held).
+            m = len(list(_takewhile(cache.__contains__, blocks)))
             cached = m * self._bt
             if cached > prompt:
                 cached = prompt
@@ -490,7 +492,11 @@ def _touch(cache, blocks: Sequence[Hashable], m: int, infinite: bool, cap_blocks
         if infinite:
             cache.update(blocks)
         else:
-            _consume(map(cache.__setitem__, reversed(blocks[m:]), _NONES))
+            rest = blocks[m:]
+            before = len(cache)
+            _consume(map(cache.__setitem__, reversed(rest), _NONES))
+            if len(cache) - before != len(rest):  # some were held past a missing one (ids not chained)
+                _consume(map(cache.move_to_end, reversed(rest)))
     if m and not infinite:
         try:
             _consume(map(cache.move_to_end, reversed(blocks[:m])))

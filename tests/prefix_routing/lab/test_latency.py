@@ -89,12 +89,16 @@ def test_least_outstanding_starts_its_scan_at_a_seeded_position_and_takes_the_le
 
 def test_blocks_that_are_not_chained_are_touched_one_by_one():
     # Ids that do not form a chain (a cached id after an uncached one) take the slow path; it must
-    # still touch every block, cached or not, and count the cached ones.
+    # still touch every block, cached or not. Only the leading blocks held count, as an engine's
+    # prefix cache matches: 1 and 2 were cached, but after 5, which was not.
     fleet = Fleet(cfg(instances=1, cache_tokens=100 * 512))
     fleet.submit(Request(1024, 2, [1, 2]), 0.0)
     p = fleet.submit(Request(1536, 2, [5, 1, 2]), 1.0)
-    assert p.cached_tokens == 1024  # 1 and 2 were cached; 5 was not
+    assert p.cached_tokens == 0
     assert fleet.cached_prefix_blocks(0, [5, 1, 2]) == 3
+    assert list(fleet._caches[0]) == [2, 1, 5]  # touched tail first: the head is the most recent
+    q = fleet.submit(Request(1536, 2, [1, 2, 7]), 2.0)
+    assert q.cached_tokens == 1024
 
 
 def test_a_key_one_byte_past_the_json_before_the_prompt_covers_one_block():
