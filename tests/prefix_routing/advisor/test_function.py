@@ -133,29 +133,32 @@ def test_a_busy_window_is_read_as_a_sample_at_the_rate_its_volume_calls_for(aws_
     assert 0 < window["sample"]["hit_rate_band"] < 1
 
 
-def test_without_the_volume_the_window_is_read_whole_and_says_so(aws):
-    logs, now_ms = aws
+def _run_stubbed(logs, now_ms, env: dict, volume: dict | None = None) -> dict:
+    """One run with the window's volume answered by ``volume`` (None: not asked, a set rate), the
+    copies described, one publication expected."""
     cloudwatch, cw_stub = stubbed("cloudwatch")
     sagemaker, sm_stub = stubbed("sagemaker")
-    with cw_stub, sm_stub:
-        cw_stub.add_response("get_metric_statistics", {"Datapoints": []})  # no data yet
+    with cw_stub, sm_stub:  # a call without a queued response fails the test
+        if volume is not None:
+            cw_stub.add_response("get_metric_statistics", volume)
         _describe_copies(sm_stub)
         cw_stub.add_response("put_metric_data", {}, {"Namespace": telemetry.NAMESPACE, "MetricData": ANY})
-        result = run_once(AdvisorConfig.from_env({**ENV, "MAX_EVENTS": "300"}),
+        result = run_once(AdvisorConfig.from_env({**ENV, **env}),
                           Clients(logs=logs, cloudwatch=cloudwatch, sagemaker=sagemaker), now_ms)
+        cw_stub.assert_no_pending_responses()
+    return result
+
+
+def test_without_the_volume_the_window_is_read_whole_and_says_so(aws):
+    logs, now_ms = aws
+    result = _run_stubbed(logs, now_ms, {"MAX_EVENTS": "300"}, volume={"Datapoints": []})  # no data yet
     assert result["sample_rate"] == 1.0 and result["requests"] == 300
     assert any("Requests count was not available" in note for note in result["notes"])
 
 
 def test_a_set_rate_needs_no_volume(aws_many_keys):
     logs, now_ms = aws_many_keys
-    cloudwatch, cw_stub = stubbed("cloudwatch")
-    sagemaker, sm_stub = stubbed("sagemaker")
-    with cw_stub, sm_stub:  # no get_metric_statistics: the Stubber would fail an unexpected call
-        _describe_copies(sm_stub)
-        cw_stub.add_response("put_metric_data", {}, {"Namespace": telemetry.NAMESPACE, "MetricData": ANY})
-        result = run_once(AdvisorConfig.from_env({**ENV, "SAMPLE": "0.25", "PREFIX_LENGTH": "4096"}),
-                          Clients(logs=logs, cloudwatch=cloudwatch, sagemaker=sagemaker), now_ms)
+    result = _run_stubbed(logs, now_ms, {"SAMPLE": "0.25", "PREFIX_LENGTH": "4096"})
     lines = [json.loads(e["message"]) for e in logs.filter_log_events(logGroupName=GROUP)["events"]]
     assert result["sample_rate"] == 0.25
     assert result["requests"] == sum(line[telemetry.LogField.SAMPLE_BUCKET] < 2500 for line in lines)
@@ -168,13 +171,7 @@ def test_a_sample_without_lines_is_read_again_whole(aws):
     logs, now_ms = aws
     lines = [json.loads(e["message"]) for e in logs.filter_log_events(logGroupName=GROUP)["events"]]
     assert {line[telemetry.LogField.SAMPLE_BUCKET] for line in lines} == {3145}
-    cloudwatch, cw_stub = stubbed("cloudwatch")
-    sagemaker, sm_stub = stubbed("sagemaker")
-    with cw_stub, sm_stub:
-        _describe_copies(sm_stub)
-        cw_stub.add_response("put_metric_data", {}, {"Namespace": telemetry.NAMESPACE, "MetricData": ANY})
-        result = run_once(AdvisorConfig.from_env({**ENV, "SAMPLE": "0.25"}),
-                          Clients(logs=logs, cloudwatch=cloudwatch, sagemaker=sagemaker), now_ms)
+    result = _run_stubbed(logs, now_ms, {"SAMPLE": "0.25"})
     assert result["sample_rate"] == 1.0 and result["requests"] == 300
     assert any("no line matched the sample at rate 0.25" in note for note in result["notes"])
 

@@ -63,13 +63,19 @@ def test_tune_sweeps_replication_and_recommends_it_when_only_it_meets_the_imbala
     assert "replication" not in plain["snippet"] and plain["recommendation"]["replication"] is None
 
 
-def test_a_memo_kept_between_calls_simulates_each_setting_once_with_the_same_points(mooncake_slice, monkeypatch):
+def _count_simulations(monkeypatch) -> list:
+    """The configs tune simulates, in order (its simulate spied on)."""
     import sys
 
     tune_module = sys.modules["prefix_routing.lab.tune"]
     calls = []
     real = tune_module.simulate
     monkeypatch.setattr(tune_module, "simulate", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    return calls
+
+
+def test_a_memo_kept_between_calls_simulates_each_setting_once_with_the_same_points(mooncake_slice, monkeypatch):
+    calls = _count_simulations(monkeypatch)
     trace, config = mooncake_slice.head(300), FleetConfig(instances=4)
     memo: dict = {}
     first = lab.tune(trace, config, prefix_lengths=[1024, 4096], thresholds=[8], baselines=(), memo=memo)
@@ -84,12 +90,7 @@ def test_a_memo_kept_between_calls_simulates_each_setting_once_with_the_same_poi
 
 
 def test_a_threshold_above_one_that_spilled_nothing_is_that_run_and_is_not_simulated_again(mooncake_slice, monkeypatch):
-    import sys
-
-    tune_module = sys.modules["prefix_routing.lab.tune"]
-    calls = []
-    real = tune_module.simulate
-    monkeypatch.setattr(tune_module, "simulate", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    calls = _count_simulations(monkeypatch)
     trace, config = mooncake_slice.head(300), FleetConfig(instances=4)
     result = lab.tune(trace, config, prefix_lengths=[4096], thresholds=[1, 64, 128, 1024], baselines=())
     spills = {p["concurrency_threshold"]: p["spills"] for p in result["points"]}
@@ -104,12 +105,7 @@ def test_a_threshold_above_one_that_spilled_nothing_is_that_run_and_is_not_simul
 
 
 def test_a_run_that_spilled_nothing_never_stands_for_a_lower_threshold(mooncake_slice, monkeypatch):
-    import sys
-
-    tune_module = sys.modules["prefix_routing.lab.tune"]
-    calls = []
-    real = tune_module.simulate
-    monkeypatch.setattr(tune_module, "simulate", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    calls = _count_simulations(monkeypatch)
     trace, config = mooncake_slice.head(300), FleetConfig(instances=4)
     memo: dict = {}
     lab.tune(trace, config, prefix_lengths=[4096], thresholds=[1024], baselines=(), memo=memo)
