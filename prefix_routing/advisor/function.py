@@ -129,11 +129,11 @@ def window_requests(cfg: AdvisorConfig, cloudwatch: Any, start_ms: int, end_ms: 
             Namespace=cfg.namespace, MetricName=telemetry.REQUESTS.name,
             Dimensions=[{"Name": telemetry.DIMENSION_COMPONENT, "Value": cfg.component_name}],
             StartTime=start_ms / 1000.0, EndTime=end_ms / 1000.0,
-            Period=max(60, int(math.ceil((end_ms - start_ms) / 60_000)) * 60), Statistics=["Sum"],
+            Period=max(60, -(-(end_ms - start_ms) // 60_000) * 60), Statistics=["Sum"],  # one datapoint
         )["Datapoints"]
+        total = math.fsum(float(p["Sum"]) for p in points)
     except Exception:  # noqa: BLE001 - without the volume the run reads unsampled, bounded by max_events
         return None
-    total = math.fsum(float(p.get("Sum", 0.0)) for p in points)
     return total if points and math.isfinite(total) else None
 
 

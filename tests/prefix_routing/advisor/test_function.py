@@ -117,7 +117,7 @@ def test_a_busy_window_is_read_as_a_sample_at_the_rate_its_volume_calls_for(aws_
         cw_stub.add_response("get_metric_statistics", {"Datapoints": [{"Sum": 120.0}, {"Sum": 180.0}]}, {
             "Namespace": telemetry.NAMESPACE, "MetricName": "Requests", "Statistics": ["Sum"], "Period": 3600,
             "Dimensions": [{"Name": "InferenceComponent", "Value": "test-prefix-llm-ic"}],
-            "StartTime": ANY, "EndTime": ANY})
+            "StartTime": (now_ms - 3_600_000) / 1000.0, "EndTime": now_ms / 1000.0})
         _describe_copies(sm_stub)
         cw_stub.add_response("put_metric_data", {}, {"Namespace": telemetry.NAMESPACE, "MetricData": ANY})
         result = run_once(cfg, Clients(logs=logs, cloudwatch=cloudwatch, sagemaker=sagemaker), now_ms)
@@ -134,10 +134,13 @@ def test_a_busy_window_is_read_as_a_sample_at_the_rate_its_volume_calls_for(aws_
 
 
 def _run_stubbed(logs, now_ms, env: dict, volume: dict | None = None) -> dict:
-    """One run with the window's volume answered by ``volume`` (None: not asked, a set rate), the
-    copies described, one publication expected."""
+    """One run with the window's volume answered by ``volume`` (None: must not be asked), the copies
+    described, one publication expected."""
     cloudwatch, cw_stub = stubbed("cloudwatch")
     sagemaker, sm_stub = stubbed("sagemaker")
+    asked = []
+    cloudwatch.meta.events.register("provide-client-params.cloudwatch.GetMetricStatistics",
+                                    lambda params, **_: asked.append(params))
     with cw_stub, sm_stub:  # a call without a queued response fails the test
         if volume is not None:
             cw_stub.add_response("get_metric_statistics", volume)
@@ -146,6 +149,7 @@ def _run_stubbed(logs, now_ms, env: dict, volume: dict | None = None) -> dict:
         result = run_once(AdvisorConfig.from_env({**ENV, **env}),
                           Clients(logs=logs, cloudwatch=cloudwatch, sagemaker=sagemaker), now_ms)
         cw_stub.assert_no_pending_responses()
+    assert len(asked) == (volume is not None)
     return result
 
 
@@ -154,6 +158,24 @@ def test_without_the_volume_the_window_is_read_whole_and_says_so(aws):
     result = _run_stubbed(logs, now_ms, {"MAX_EVENTS": "300"}, volume={"Datapoints": []})  # no data yet
     assert result["sample_rate"] == 1.0 and result["requests"] == 300
     assert any("Requests count was not available" in note for note in result["notes"])
+
+
+def test_a_set_rate_of_1_reads_whole_without_asking_the_volume(aws):
+    logs, now_ms = aws
+    result = _run_stubbed(logs, now_ms, {"SAMPLE": "1"})
+    assert result["sample_rate"] == 1.0 and result["requests"] == 300
+    assert not any("Requests count" in note for note in result["notes"])
+
+
+@pytest.mark.parametrize(("max_events", "volume", "rate"), [
+    (3, 10_000, 0.0001),  # a budget of 1 line: floor(10,000 x 1 / 10,000) = 1 bucket
+    (301, 5_000, 0.03),  # 150 lines (max_events // 2): floor(10,000 x 150 / 5,000) = 300 buckets
+])
+def test_the_auto_rate_keeps_half_of_max_events(max_events, volume, rate):
+    from prefix_routing.advisor.function import sample_rate
+
+    cfg = AdvisorConfig.from_env({**ENV, "MAX_EVENTS": str(max_events)})
+    assert sample_rate(cfg, volume) == rate and sample_rate(cfg, None) == 1.0
 
 
 def test_a_set_rate_needs_no_volume(aws_many_keys):

@@ -161,14 +161,21 @@ def _log_line(bucket, hot=False, fingerprint="f1", routing_id="pa-a") -> dict:
 def test_a_source_sample_keeps_its_keys_and_one_in_1_over_r_of_a_hot_key_outside_it():
     # Rate 0.25: buckets below 2,500; a hot key outside keeps lines 1, 5, 9 of its 10 (one in 4, the first).
     keep = sampling.SourceSample(0.25)
-    assert [keep.keep(_log_line(2499)) for _ in range(3)] == [True] * 3
+    assert [keep.keep(_log_line(b)) for b in (2499, 0, 2499)] == [True] * 3
     assert [keep.keep(_log_line(2500, hot=True)) for _ in range(10)] == [True, False, False, False] * 2 + [True, False]
     # Each hot key counts its own lines: a second one starts with a kept line.
     assert keep.keep(_log_line(7000, hot=True, fingerprint="f2")) is True
     assert keep.keep(_log_line(2500)) is False and keep.keep(_log_line(None)) is False
     assert keep.keep(_log_line(True)) is False  # a boolean is not a bucket
     assert (keep.keyed, keep.hot_kept, keep.hot_thinned, keep.outside) == (3, 4, 7, 3)
-    assert "one in 4" in keep.note()
+    assert "their 11 lines thinned to 4 (one in 4)" in keep.note()
+    # Two tenants' hot keys with one fingerprint count apart.
+    keep = sampling.SourceSample(0.5)
+    assert [keep.keep(_log_line(9000, hot=True, routing_id=r)) for r in ("pa-a", "pa-b", "pa-a", "pa-b")] == [
+        True, True, False, False]
+    # At 0.8 a hot key outside the sample keeps every line (round(1 / 0.8) = 1).
+    keep = sampling.SourceSample(0.8)
+    assert [keep.keep(_log_line(9000, hot=True)) for _ in range(3)] == [True] * 3
 
 
 def test_hot_keys_counted_are_bounded(monkeypatch):
@@ -177,3 +184,4 @@ def test_hot_keys_counted_are_bounded(monkeypatch):
     assert [keep.keep(_log_line(9000, hot=True, fingerprint=f)) for f in "abc"] == [True] * 3
     assert [keep.keep(_log_line(9000, hot=True, fingerprint="c")) for _ in range(3)] == [True] * 3  # past the bound: all
     assert [keep.keep(_log_line(9000, hot=True, fingerprint="a")) for _ in range(3)] == [False, True, False]
+    assert (keep.hot_kept, keep.hot_thinned) == (7, 2)
