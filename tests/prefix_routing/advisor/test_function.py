@@ -265,3 +265,19 @@ def test_a_hostile_log_line_is_skipped_by_name_and_the_run_finishes(monkeypatch)
                               Clients(logs=logs, cloudwatch=cloudwatch, sagemaker=None), T0_MS + 60_000)
     assert result["advised"] and result["requests"] == 39
     assert result["skipped"]["reasons"] == {"'output_tokens' above 1,000,000": 1}
+
+
+@pytest.mark.parametrize(("window_s", "period"), [("60", 60), ("60.001", 120), ("3600", 3600)])
+def test_the_volume_is_one_datapoint_of_the_window_rounded_up_to_a_minute(window_s, period):
+    from prefix_routing.advisor.function import window_requests
+
+    cfg = AdvisorConfig.from_env({**ENV, "WINDOW_S": window_s})
+    cloudwatch, cw_stub = stubbed("cloudwatch")
+    end = 1_800_000_000_000
+    start = end - int(cfg.window_s * 1000)
+    with cw_stub:
+        cw_stub.add_response("get_metric_statistics", {"Datapoints": [{"Sum": 7.0}]}, {
+            "Namespace": telemetry.NAMESPACE, "MetricName": "Requests", "Statistics": ["Sum"], "Period": period,
+            "Dimensions": [{"Name": "InferenceComponent", "Value": "test-prefix-llm-ic"}],
+            "StartTime": start / 1000.0, "EndTime": end / 1000.0})
+        assert window_requests(cfg, cloudwatch, start, end) == 7.0

@@ -185,3 +185,15 @@ def test_hot_keys_counted_are_bounded(monkeypatch):
     assert [keep.keep(_log_line(9000, hot=True, fingerprint="c")) for _ in range(3)] == [True] * 3  # past the bound: all
     assert [keep.keep(_log_line(9000, hot=True, fingerprint="a")) for _ in range(3)] == [False, True, False]
     assert (keep.hot_kept, keep.hot_thinned) == (7, 2)
+
+
+@pytest.mark.parametrize(("timeout_s", "served"), [(1.0, [True, False, False, True]), (None, [True] * 4)])
+def test_a_results_band_counts_a_request_at_its_timeout_as_failed(timeout_s, served):
+    # TTFTs 0.5, 1.0 (exactly the timeout: it failed there), 3.0 and 0.2 s.
+    from types import SimpleNamespace
+
+    trace = _trace([(k, None) for k in (1, 2, 3, 4)])
+    result = SimpleNamespace(config=SimpleNamespace(timeout_s=timeout_s), ttft=[0.5, 1.0, 3.0, 0.2],
+                             cached_tokens=[10.0, 0.0, 30.0, 5.0])
+    expected = sampling.hit_rate_band(trace, result.cached_tokens, served, 0.5, 1)
+    assert sampling.result_band(result, trace, 0.5, 1) == expected

@@ -228,3 +228,14 @@ def test_hot_weighs_evidence_at_the_last_requests_weight():
     for _ in range(30):
         hot.assign("c", 10.0, 8)
     assert hot.hot(8) == 1  # c only
+
+
+def test_what_a_count_inherited_is_rescaled_with_it():
+    # Half-life 1 s, one slot: b inherits a's count 1 at 0 s. At 501 s a request weighs 2^501, past
+    # the rescale point (2^500): every count and what it inherited shrink by that factor, so b surely
+    # has its own requests, 1/2^501 + 1 (the inherited 1 is now 1/2^501), against the floor of 32
+    # requests' worth: 1/32. Left unscaled, the inherited 1 would cancel b's request: about 0.
+    hot = HotPrefixes(ReplicationSettings(capacity=1, half_life_s=1.0))
+    hot.observe("a", 0.0)
+    assert hot.observe("b", 0.0) == pytest.approx(1 / 32)
+    assert hot.observe("b", 501.0) == pytest.approx(1 / 32)
