@@ -38,7 +38,7 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT)]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from prefix_routing.emulator.local_store import LocalDynamo  # noqa: E402
 from prefix_routing.frontdoor.config import InvokeConfig  # noqa: E402
@@ -54,14 +54,11 @@ from prefix_routing.frontdoor.steering import (  # noqa: E402
 )
 from prefix_routing.rules.replication import ReplicationSettings  # noqa: E402
 
+from bench_front_door import _percentile  # noqa: E402  (bench/, beside this script)
+
 
 #: Sends that may fall back to turns (a store call past its 50 ms bound on a busy machine): 1 %.
 MAX_FALLBACK_SHARE = 0.01
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _counted(client, calls: Counter):

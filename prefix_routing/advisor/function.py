@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 from prefix_routing.lab import advisor, traces
 from prefix_routing.lab.fleet_config import FleetConfig
+from prefix_routing.lab.sampling import parse_rate
 from prefix_routing.lab.stage_fleet import preset_for
 from prefix_routing.rules import sampling, telemetry
 from prefix_routing.rules.errors import UserError
@@ -92,8 +93,6 @@ class AdvisorConfig:
 
 
 def _sample_setting(raw: str | None) -> float | str:
-    from prefix_routing.lab.sampling import parse_rate
-
     try:
         return "auto" if raw is None else parse_rate(raw)
     except UserError:

@@ -15,11 +15,13 @@ import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
+from prefix_routing.lab import sampling
 from prefix_routing.lab.analyze import analyze
 from prefix_routing.lab.common import CANDIDATE_PREFIX_LENGTHS, CANDIDATE_THRESHOLDS
 from prefix_routing.lab.fleet_config import FleetConfig
 from prefix_routing.lab.overload import overload_text
 from prefix_routing.lab.routing import Strategy
+from prefix_routing.lab.simulate import config_for_trace
 from prefix_routing.lab.traces import Trace
 from prefix_routing.lab.tune import config_snippet, tune
 from prefix_routing.lab.verdict import routing_verdict
@@ -86,8 +88,6 @@ def advise(
     memo: dict = {}  # the two passes share simulations (the best length at the current threshold) and keys
     simulated, speed, baseline_fleet = trace, 1.0, None
     if sample < 1.0:
-        from prefix_routing.lab import sampling
-
         sampling.check_sampling(current_config)
         # RANDOM, the verdict's baseline, spreads a key over every copy: the whole fleet's copies, each
         # scaled; the grid's PREFIX_AWARE gets the miniature fleet of whole copies.
@@ -112,12 +112,8 @@ def advise(
     bound, measured = reuse["hit_rate_bound_tokens"], trace.measured_hit_rate()
     sampled = None
     if sample < 1.0:
-        from prefix_routing.lab import sampling
-        from prefix_routing.lab.simulate import config_for_trace
-
         k = config_for_trace(current_config, simulated).key_blocks
-        now = next((r for key, r in memo.items() if key[0] != "keys" and key[:2] == (k, config.concurrency_threshold)),
-                   None)
+        now = memo.get((k, config.concurrency_threshold, config.replication))  # tune's run of the current settings
         sampled = {"rate": sample, "requests": len(simulated), "at_source": presampled,
                    "hit_rate_band": None if now is None else sampling.result_band(now, simulated, sample, k)}
     return {

@@ -143,17 +143,16 @@ def run(fleet: Fleet, lo: int, hi: int, inv: float, keys, arrivals, prompts, out
         # The misses ledger (Fleet._place's common cases; MissLedger.book otherwise).
         if m < len(ids):
             rest = ids[m:] if m else ids
-            if misses is None:
-                pass
-            elif cached < prompt and (rest[0] in seen or rest[0] in older or key.__class__ is ClientKey):
-                book(ids, g, m, prompt, cached, bt, held_elsewhere, key.__class__ is ClientKey)
-                seen, older = misses.seen, misses.older
-            else:
-                misses.first_touch += prompt - cached
-                seen.update(rest)
-                if len(seen) > limit:
-                    misses.older, misses.seen = seen, set()
+            if misses is not None:
+                if cached < prompt and (rest[0] in seen or rest[0] in older or key.__class__ is ClientKey):
+                    book(ids, g, m, prompt, cached, bt, held_elsewhere, key.__class__ is ClientKey)
                     seen, older = misses.seen, misses.older
+                else:
+                    misses.first_touch += prompt - cached
+                    seen.update(rest)
+                    if len(seen) > limit:
+                        misses.older, misses.seen = seen, set()
+                        seen, older = misses.seen, misses.older
             # The LRU touch (fleet._touch): the new blocks tail first, then the cached ones.
             if infinite:
                 cache.update(ids)

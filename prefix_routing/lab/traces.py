@@ -30,6 +30,7 @@ from typing import Iterator
 
 from prefix_routing.lab import limits
 from prefix_routing.lab.misses import ClientKey
+from prefix_routing.lab.sampling import SourceSample
 # Trace and Skipped are this module's results: importable from here, as they always were.
 from prefix_routing.lab.trace_data import (  # noqa: F401
     EXAMPLES_KEPT,
@@ -41,6 +42,7 @@ from prefix_routing.lab.trace_data import (  # noqa: F401
     _is_number,
 )
 from prefix_routing.rules.errors import UserError
+from prefix_routing.rules.sampling import filter_pattern as sample_pattern
 from prefix_routing.rules.telemetry import REQUEST_LOG_MESSAGE, LogField
 
 DEFAULT_OUTPUT_TOKENS = 256  # bodies that do not say how many tokens they want
@@ -265,12 +267,8 @@ def read_request_log(path: str | os.PathLike, *, strict: bool = False, bytes_per
     return _finish_log(c, state, bytes_per_token, sampler)
 
 
-def _source_sample(rate: float | None):
-    if rate is None or rate >= 1.0:
-        return None
-    from prefix_routing.lab.sampling import SourceSample
-
-    return SourceSample(rate)
+def _source_sample(rate: float | None) -> SourceSample | None:
+    return None if rate is None or rate >= 1.0 else SourceSample(rate)
 
 
 def read_cloudwatch(
@@ -304,8 +302,6 @@ def read_cloudwatch(
     sampler = _source_sample(sample_rate)
     keep = sampler.keep if sampler is not None else None
     if sampler is not None:
-        from prefix_routing.rules.sampling import filter_pattern as sample_pattern
-
         filter_pattern = sample_pattern(sample_rate)
     if filter_pattern:
         kwargs["filterPattern"] = filter_pattern
