@@ -66,6 +66,8 @@ def replay(trace: traces.Trace, r: int, id_shift: int, span: float, limit: int) 
         trace.block_bytes,
         trace.routing_ids[:n] if trace.routing_ids else None,
         source=f"{trace.source} replay {r}",
+        # Fresh ids: chained with every replay before it exactly when the trace's own ids are.
+        chained=trace.ids_chained(),
     )
 
 

@@ -12,6 +12,7 @@ tests/prefix_routing/lab/test_fast_loop.py runs both on the same traces and comp
 
 from __future__ import annotations
 
+from functools import partial
 from heapq import heappop, heappush
 from itertools import repeat as _repeat, takewhile as _takewhile
 
@@ -41,16 +42,19 @@ def run(fleet: Fleet, lo: int, hi: int, inv: float, keys, arrivals, prompts, out
     requests_, prompt_, cached_, spills_in, timeouts_ = (fleet._requests, fleet._prompt, fleet._cached,
                                                          fleet._spills_in, fleet._timeouts)
     bt, infinite, cap = fleet._bt, fleet._infinite, fleet._cap_blocks
+    chain = fleet._chained  # the caches are ChainLRUs (ids known to be chained), not OrderedDicts
     misses = fleet.misses  # None: causes not asked for
     if misses is not None:
         seen, older, limit = misses.seen, misses.older, misses.limit
-        book, held_elsewhere = misses.book, fleet._held_elsewhere
+        book, held_elsewhere, chained_held_elsewhere = (misses.book, fleet._held_elsewhere,
+                                                        fleet._chained_held_elsewhere)
     timeout = fleet._timeout
     engines = fleet.engines
     eslots, run_tokens, last_start, prefill_free, slow = (engines.slots, engines.run_tokens, engines.last_start,
                                                           engines.prefill_free, engines.slow)
     base, per_ctx, per_seq, chunk, a1, a2, max_seqs, budget, a0 = engines._constants
     overhead, engine_timeout = engines.overhead_s, engines.timeout_s
+    sure_wait = _sure_wait(engines, prompts[lo:hi]) if chain else -_INF
     spills = timeouts = 0
     for i in range(lo, hi):
         now = arrivals[i] * inv
@@ -75,15 +79,9 @@ def run(fleet: Fleet, lo: int, hi: int, inv: float, keys, arrivals, prompts, out
                 spills += 1
                 spills_in[g] += 1
         ids, prompt, output = blocks[i], prompts[i], outputs[i]
-        cache = caches[g]
-        m = len(list(_takewhile(cache.__contains__, ids)))  # the leading blocks held (Fleet._place)
-        cached = m * bt
-        if cached > prompt:
-            cached = prompt
         requests_[g] += 1
         out[g] += 1
         # EngineModel.schedule: a slot, then the copy's prefill queue.
-        new = prompt - cached
         slots = eslots[g]
         run_ = run_tokens[g]
         start = last_start[g]
@@ -109,6 +107,16 @@ def run(fleet: Fleet, lo: int, hi: int, inv: float, keys, arrivals, prompts, out
         sl = slow[g]
         free = prefill_free[g]
         begin = start if start > free else free
+        # The leading blocks held (Fleet._place). A chain cache looks them up and touches them in
+        # one walk when the request cannot time out; else it looks now and touches once served.
+        cache = caches[g]
+        placed = chain and begin - now <= sure_wait
+        m = (cache.place(ids) if placed else cache.held(ids)) if chain else \
+            len(list(_takewhile(cache.__contains__, ids)))
+        cached = m * bt
+        if cached > prompt:
+            cached = prompt
+        new = prompt - cached
         chunks = -(-new // chunk) if new > 0 else 1
         end = begin + (
             a0 + new * (a1 + a2 * (cached + new * 0.5)) + chunks * (base + per_ctx * run_ + per_seq * batch)
@@ -145,7 +153,9 @@ def run(fleet: Fleet, lo: int, hi: int, inv: float, keys, arrivals, prompts, out
             rest = ids[m:] if m else ids
             if misses is not None:
                 if cached < prompt and (rest[0] in seen or rest[0] in older or key.__class__ is ClientKey):
-                    book(ids, g, m, prompt, cached, bt, held_elsewhere, key.__class__ is ClientKey)
+                    book(ids, g, m, prompt, cached, bt,
+                         partial(chained_held_elsewhere, ids, m) if chain else held_elsewhere,
+                         key.__class__ is ClientKey)
                     seen, older = misses.seen, misses.older
                 else:
                     misses.first_touch += prompt - cached
@@ -154,7 +164,10 @@ def run(fleet: Fleet, lo: int, hi: int, inv: float, keys, arrivals, prompts, out
                         misses.older, misses.seen = seen, set()
                         seen, older = misses.seen, misses.older
             # The LRU touch (fleet._touch): the new blocks tail first, then the cached ones.
-            if infinite:
+            if chain:
+                if not placed:
+                    cache.place(ids)
+            elif infinite:
                 cache.update(ids)
             else:
                 before = len(cache)
@@ -169,6 +182,9 @@ def run(fleet: Fleet, lo: int, hi: int, inv: float, keys, arrivals, prompts, out
                 extra = len(cache) - cap
                 if extra > 0:
                     _consume(map(cache.popitem, _repeat(False, extra)))
+        elif chain:
+            if not placed:
+                cache.place(ids)
         elif not infinite:
             _touch(cache, ids, m, False, cap)
         firsts[i] = first
@@ -180,6 +196,20 @@ def run(fleet: Fleet, lo: int, hi: int, inv: float, keys, arrivals, prompts, out
     fleet.spills += spills
     fleet.timeouts += timeouts
     return last_finish
+
+
+def _sure_wait(engines, prompts) -> float:
+    """The longest wait for the prefill queue after which any of ``prompts`` still gets its first
+    token within the timeout: the engine model's prefill time bounded above (the whole prompt
+    uncached, the copy's whole KV budget running, every sequence slot taken, the slowest copy)."""
+    if engines.timeout_s == _INF:
+        return _INF
+    base, per_ctx, per_seq, chunk, a1, a2, max_seqs, budget, a0 = engines._constants
+    p = max(prompts, default=0)
+    chunks = -(-p // chunk) + 1
+    worst = (a0 + p * (a1 + a2 * p * 0.5) + chunks * (base + per_ctx * budget + per_seq * max_seqs)) \
+        * max(engines.slow, default=1.0)
+    return engines.timeout_s - engines.overhead_s - worst * 1.001 - 1e-6  # the margin: rounding
 
 
 def _touch_rest(cache, ids, m: int) -> None:

@@ -117,6 +117,7 @@ from itertools import repeat as _repeat, takewhile as _takewhile
 from typing import Hashable, Sequence
 
 from prefix_routing.lab.autoscaling import CopyPool
+from prefix_routing.lab.chain_cache import ChainLRU
 from prefix_routing.lab.engine_model import EngineModel
 from prefix_routing.lab.fleet_config import FleetConfig
 from prefix_routing.lab.fleet_stats import CopyStats, instance_totals
@@ -199,6 +200,7 @@ class Fleet:
         self._infinite = math.isinf(capacity)
         self._cap_blocks = 0 if self._infinite else int(capacity * config.cache_scale // config.block_tokens)
         self._caches: list = [set() if self._infinite else OrderedDict() for _ in range(n)]
+        self._chained = False  # the caches are ChainLRUs (use_chain_caches), not OrderedDicts
         self._out = [0] * n  # in flight (routing's view)
         self._done: list = []  # heap of (client finish, copy) for the in-flight counts
         self._early: dict = {}
@@ -361,10 +363,30 @@ class Fleet:
         """Per instance: requests, prompt tokens, cached tokens, hit rate, in flight."""
         return instance_totals(self.copy_stats(), self.config.instances)
 
+    def use_chain_caches(self) -> bool:
+        """Keep the LRU caches as runs of chained blocks (lab/chain_cache.py): the same contents, at
+        a third of the cost, for ids that are chained (the caller's word). Only while every cache
+        is still empty; False when they are not, or are not LRUs of blocks."""
+        if self._chained:
+            return True
+        if self._infinite or self._slots is not None or any(self._caches):
+            return False
+        self._caches = [ChainLRU(self._cap_blocks) for _ in range(self.n)]
+        self._chained = True
+        return True
+
+    def use_ordered_caches(self) -> None:
+        """Back to ``OrderedDict`` caches (the same contents and order), for ids not known to be chained."""
+        if self._chained:
+            self._caches = [cache.to_ordered() for cache in self._caches]
+            self._chained = False
+
     def cached_prefix_blocks(self, g: int, blocks: Sequence[Hashable]) -> int:
         """Leading blocks of ``blocks`` that copy ``g`` holds (no side effects)."""
         if self._slots is not None:
             return self._slots.held_prefix_blocks(g, blocks)
+        if self._chained:
+            return self._caches[g].held(blocks)
         contains = self._caches[g].__contains__
         m = 0
         for b in blocks:
@@ -476,6 +498,17 @@ class Fleet:
                         best = held
             return best
         return max((self._slots.held_prefix_blocks(h, blocks) for h in range(self.n) if h != g), default=0)
+
+    def _chained_held_elsewhere(self, blocks, m: int, g: int, rest) -> int:
+        """``_held_elsewhere(g, rest)`` for chain caches, ``rest`` being ``blocks[m:]``: a copy holds a
+        leading part of the prompt, so its share of ``rest`` is what it holds past the first m."""
+        best = 0
+        for h, cache in enumerate(self._caches):
+            if h != g:
+                held = cache.held(blocks) - m
+                if held > best:
+                    best = held
+        return best
 
     def _kv_choose(self, blocks, prompt, now):
         """KV_AWARE: the lowest estimated wait + uncached prefill + load penalty (scan from a seeded copy)."""

@@ -216,6 +216,7 @@ class Simulator:
                 arrivals = [0.0] * n  # decided by the loop: each user's previous finish
                 self._closed_loop(n, keys, arrivals, prompts, outputs, blocks, firsts, cached, bar, where, ends)
             else:
+                self._choose_caches(trace)
                 self._loop(n, keys, arrivals, prompts, outputs, blocks, firsts, cached, bar, where, ends)
         finally:
             wall = time.perf_counter() - started
@@ -228,6 +229,15 @@ class Simulator:
             _append(column, values)
         self.source = self.source or trace.source
         return wall
+
+    def _choose_caches(self, trace: Trace) -> None:
+        """Chain caches (lab/chain_cache.py) for the inlined loop when the ids are chained: a first
+        feed's checked alone, a later one's only on its producer's word (``Trace.chained``)."""
+        fleet = self.fleet
+        if fast_loop.eligible(fleet) and (trace.chained or (not self.arrivals and trace.ids_chained())):
+            fleet.use_chain_caches()
+        else:
+            fleet.use_ordered_caches()
 
     def _loop(self, n, keys, arrivals, prompts, outputs, blocks, firsts, cached, bar, where, ends) -> None:
         inv = self.inv

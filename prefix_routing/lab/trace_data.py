@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Hashable, Iterable
 
 from prefix_routing.lab import limits
+from prefix_routing.lab.chain_cache import chained
 from prefix_routing.rules.errors import UserError
 
 MOONCAKE_BLOCK_TOKENS = 512
@@ -96,9 +97,23 @@ class Trace:
     # The tenant of each request (the request log's ``tenant``; ``--tenants N``; a generated workload's),
     # None when the trace names none (lab/tenants.py).
     tenants: list[str | None] | None = None
+    # Whether every block id has one parent, the id before it (none for a prompt's first), here
+    # and in the traces fed before this one to the same Simulator. True: its producer says so (a
+    # replay with fresh ids, a generator); None: unknown, checked on this trace alone when the
+    # simulator needs it (lab/chain_cache.py: chained ids are simulated three times cheaper).
+    chained: bool | None = None
+    _ids_chained: bool | None = field(default=None, init=False, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.arrivals)
+
+    def ids_chained(self) -> bool:
+        """Whether this trace's own ids are chained (``chained``, or checked once and remembered)."""
+        if self.chained is not None:
+            return self.chained
+        if self._ids_chained is None:
+            self._ids_chained = chained(self.blocks)
+        return self._ids_chained
 
     @property
     def duration_s(self) -> float:
@@ -132,6 +147,7 @@ class Trace:
             self.sampled if n >= len(self) else f"the first {n:,} requests only",
             self.origin_s,
             self.tenants[:n] if self.tenants else None,
+            self.chained,
         )
 
     def replay(self, times: int, gap_s: float | None = None) -> "Trace":
@@ -160,6 +176,7 @@ class Trace:
         return Trace(
             arrivals, prompt, output, blocks, self.block_tokens, self.block_bytes, ids or None, rekeyed or None,
             source=f"{self.source} ×{times}", lines=self.lines * times, skipped=self.skipped, tenants=tenants or None,
+            chained=self.chained,  # fresh ids for each replay: chained exactly when the trace is
         )
 
 
