@@ -179,9 +179,12 @@ class Simulator:
         self.limit_model = None  # made by the first feed (the trace's clock places the minutes)
         self.tenant_book: TenantBook | None = None  # per tenant, when the trace names tenants or limits apply
 
-    def feed(self, trace: Trace, *, keys: list | None = None, bar=None, as_sent: bool = False) -> float:
+    def feed(self, trace: Trace, *, keys: list | None = None, bar=None, as_sent: bool = False,
+             chained_with_earlier: bool = False) -> float:
         """Simulate the requests of ``trace``; returns the seconds the loop took. ``as_sent``: route
-        raw bodies on the clients' own bytes (no front door; their misses count as re-keyed)."""
+        raw bodies on the clients' own bytes (no front door; their misses count as re-keyed).
+        ``chained_with_earlier``: its ids and those of the traces fed before are chained together
+        (a later part of one trace, a replay with fresh ids): the chain caches carry on."""
         import time
 
         config = self.config
@@ -216,7 +219,7 @@ class Simulator:
                 arrivals = [0.0] * n  # decided by the loop: each user's previous finish
                 self._closed_loop(n, keys, arrivals, prompts, outputs, blocks, firsts, cached, bar, where, ends)
             else:
-                self._choose_caches(trace)
+                self._choose_caches(trace, chained_with_earlier)
                 self._loop(n, keys, arrivals, prompts, outputs, blocks, firsts, cached, bar, where, ends)
         finally:
             wall = time.perf_counter() - started
@@ -230,11 +233,11 @@ class Simulator:
         self.source = self.source or trace.source
         return wall
 
-    def _choose_caches(self, trace: Trace) -> None:
-        """Chain caches (lab/chain_cache.py) for the inlined loop when the ids are chained: a first
-        feed's checked alone, a later one's only on its producer's word (``Trace.chained``)."""
+    def _choose_caches(self, trace: Trace, chained_with_earlier: bool) -> None:
+        """Chain caches (lab/chain_cache.py) for the inlined loop while the ids are chained: a first
+        feed's, or a later one's chained with the earlier; OrderedDicts (converted exactly) otherwise."""
         fleet = self.fleet
-        if fast_loop.eligible(fleet) and (trace.chained or (not self.arrivals and trace.ids_chained())):
+        if fast_loop.eligible(fleet) and (chained_with_earlier or not self.arrivals) and trace.ids_chained():
             fleet.use_chain_caches()
         else:
             fleet.use_ordered_caches()

@@ -97,10 +97,9 @@ class Trace:
     # The tenant of each request (the request log's ``tenant``; ``--tenants N``; a generated workload's),
     # None when the trace names none (lab/tenants.py).
     tenants: list[str | None] | None = None
-    # Whether every block id has one parent, the id before it (none for a prompt's first), here
-    # and in the traces fed before this one to the same Simulator. True: its producer says so (a
-    # replay with fresh ids, a generator); None: unknown, checked on this trace alone when the
-    # simulator needs it (lab/chain_cache.py: chained ids are simulated three times cheaper).
+    # Whether every block id has one parent, the id before it (none for a prompt's first): the
+    # readers check, generators that make them so say so; None: unknown, checked when the simulator
+    # needs it (lab/chain_cache.py: chained ids are simulated three times cheaper).
     chained: bool | None = None
     _ids_chained: bool | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -176,7 +175,7 @@ class Trace:
         return Trace(
             arrivals, prompt, output, blocks, self.block_tokens, self.block_bytes, ids or None, rekeyed or None,
             source=f"{self.source} ×{times}", lines=self.lines * times, skipped=self.skipped, tenants=tenants or None,
-            chained=self.chained,  # fresh ids for each replay: chained exactly when the trace is
+            chained=self.chained,  # fresh ids for each replay: chained exactly when the trace's are
         )
 
 
@@ -234,11 +233,12 @@ class _Collector:
             self.rows.sort(key=lambda row: row[0])  # stable: equal times keep file order
             notes.append("requests were not in arrival order; sorted by time")
         t0 = self.rows[0][0]
+        blocks = [row[3] for row in self.rows]
         return Trace(
             arrivals=[row[0] - t0 for row in self.rows],
             prompt_tokens=[row[1] for row in self.rows],
             output_tokens=[row[2] for row in self.rows],
-            blocks=[row[3] for row in self.rows],
+            blocks=blocks,
             block_tokens=block_tokens,
             block_bytes=block_bytes,
             routing_ids=[row[4] for row in self.rows] if with_ids else None,
@@ -252,6 +252,7 @@ class _Collector:
             skipped=self.skipped,
             notes=notes,
             origin_s=t0,
+            chained=chained(blocks),  # once per file: the traces made from this one (samples, heads) inherit it
         )
 
 

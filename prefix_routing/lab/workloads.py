@@ -67,7 +67,7 @@ def long_context_workload(spec: LongContextSpec = LongContextSpec(), *, seed: in
     t0 = arrivals[0]
     return Trace(
         [a - t0 for a in arrivals], prompts, outputs, blocks, block_tokens=spec.block_tokens,
-        source=f"long-context workload (seed {seed})", lines=len(arrivals),
+        source=f"long-context workload (seed {seed})", lines=len(arrivals), chained=True,  # a chain per prefix
     )
 
 
@@ -183,7 +183,7 @@ def noisy_tenant_workload(spec: NoisyTenantSpec = NoisyTenantSpec(), *, seed: in
         [a - t0 for a in arrivals], prompts, outputs, blocks, block_tokens=bt, routing_ids=list(tenants),
         source=f"noisy-tenant workload (seed {seed}; {NOISY_TENANT} sends {spec.noisy_factor:g}× as often as each of "
                f"{quiet} quiet tenants)",
-        lines=len(arrivals), tenants=tenants,
+        lines=len(arrivals), tenants=tenants, chained=True,  # a chain per tenant's system prompt
     )
 
 

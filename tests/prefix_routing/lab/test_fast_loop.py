@@ -16,8 +16,9 @@ from prefix_routing.lab.traces import Trace
 from tests.prefix_routing.lab.conftest import P5_8B
 
 
-def _run(trace, config, monkeypatch, *, fast, keys=None, speed=1.0, slow=None, chunks=1):
-    """A Simulator over ``trace`` (in ``chunks`` feeds), with or without the inlined loop."""
+def _run(trace, config, monkeypatch, *, fast, keys=None, speed=1.0, slow=None, chunks=1, chained=None):
+    """A Simulator over ``trace`` (in ``chunks`` feeds, each with ``Trace.chained`` = ``chained``
+    and, when True, said to be chained with the earlier), with or without the inlined loop."""
     with monkeypatch.context() as m:
         if not fast:
             m.setattr(fast_loop, "eligible", lambda fleet: False)
@@ -30,8 +31,9 @@ def _run(trace, config, monkeypatch, *, fast, keys=None, speed=1.0, slow=None, c
         for lo, hi in zip(bounds, bounds[1:]):
             part = Trace(trace.arrivals[lo:hi], trace.prompt_tokens[lo:hi], trace.output_tokens[lo:hi],
                          trace.blocks[lo:hi], trace.block_tokens, trace.block_bytes,
-                         trace.routing_ids[lo:hi] if trace.routing_ids else None, source=trace.source)
-            sim.feed(part, keys=None if keys is None else keys[lo:hi])
+                         trace.routing_ids[lo:hi] if trace.routing_ids else None, source=trace.source,
+                         chained=chained)
+            sim.feed(part, keys=None if keys is None else keys[lo:hi], chained_with_earlier=chained is True)
         return sim
 
 
@@ -49,8 +51,13 @@ def _state(sim):
     )
 
 
-def _same(trace, config, monkeypatch, **kw):
-    fast = _state(_run(trace, config, monkeypatch, fast=True, **kw))
+def _same(trace, config, monkeypatch, *, chain_caches=None, **kw):
+    """The inlined loop's state equals the reference's (which keeps OrderedDict caches);
+    ``chain_caches``: whether the inlined loop ended on chain caches (lab/chain_cache.py)."""
+    run = _run(trace, config, monkeypatch, fast=True, **kw)
+    if chain_caches is not None:
+        assert run.fleet._chained is chain_caches
+    fast = _state(run)
     reference = _state(_run(trace, config, monkeypatch, fast=False, **kw))
     for a, b in zip(fast, reference):
         assert a == b
@@ -69,15 +76,22 @@ CONFIGS = {
 }
 
 
+@pytest.mark.parametrize("chained", [True, None])  # chain caches throughout; on the first feed only
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_the_inlined_loop_gives_what_place_gives(mooncake_slice, monkeypatch, name):
-    result = _same(mooncake_slice, CONFIGS[name], monkeypatch, chunks=3)
+def test_the_inlined_loop_gives_what_place_gives(mooncake_slice, monkeypatch, name, chained):
+    lru = not math.isinf(CONFIGS[name].cache_tokens or 0)
+    result = _same(mooncake_slice, CONFIGS[name], monkeypatch, chunks=3, chained=chained,
+                   chain_caches=lru and chained is True)
     assert result["requests"] == len(mooncake_slice)
 
 
-def test_timeouts_and_slowdowns_too(mooncake_slice, monkeypatch):
+@pytest.mark.parametrize("chunks", [1, 2])
+def test_timeouts_and_slowdowns_too(mooncake_slice, monkeypatch, chunks):
+    # A request that times out never reaches the cache: with chain caches, one that might is looked
+    # up first and placed only once served; a bound that let it be placed early would show here.
     config = FleetConfig(instances=2, cache_tokens=200_000, timeout_s=2.0, concurrency_threshold=4)
-    result = _same(mooncake_slice, config, monkeypatch, speed=8.0, slow=(1, 3.0))
+    result = _same(mooncake_slice, config, monkeypatch, speed=8.0, slow=(1, 3.0), chunks=chunks, chained=True,
+                   chain_caches=True)
     assert result["timeouts"] > 0 and result["spills"] > 0
 
 
@@ -100,7 +114,24 @@ def test_ids_that_are_not_chained(monkeypatch):
                   [rng.randrange(1, 50) for _ in range(n)], blocks, 16, None, None, source="random ids")
     for strategy in (Strategy.PREFIX_AWARE, Strategy.RANDOM):
         _same(trace, FleetConfig(instances=3, strategy=strategy, cache_tokens=16 * 20, concurrency_threshold=2),
-              monkeypatch, chunks=2)
+              monkeypatch, chunks=2, chain_caches=False)
+
+
+def test_a_producers_word_does_not_turn_caches_that_hold_blocks_into_chain_caches(mooncake_slice):
+    sim = lab.Simulator(lab.config_for_trace(FleetConfig(instances=2, cache_tokens=50_000), mooncake_slice))
+    sim.feed(mooncake_slice.head(10))  # the reader checked: chained
+    assert sim.fleet._chained
+    sim.feed(mooncake_slice.head(20))  # chained, but not said to be chained with the first: OrderedDicts
+    assert not sim.fleet._chained
+    sim = lab.Simulator(sim.config)
+    sim.feed(mooncake_slice.head(10))
+    sim.feed(mooncake_slice.head(20), chained_with_earlier=True)  # (the same ids again: chained together)
+    assert sim.fleet._chained
+    sim.feed(Trace([60.0], [40], [5], [[1, 2, 1]], 16, None, None))  # not chained: OrderedDicts from now on
+    assert not sim.fleet._chained
+    sim.feed(Trace([61.0], [40], [5], [[7, 8, 9]], 16, None, None, chained=True), chained_with_earlier=True)
+    assert not sim.fleet._chained and sim.fleet.cached_prefix_blocks(0, [7, 8, 9]) + \
+        sim.fleet.cached_prefix_blocks(1, [7, 8, 9]) == 3
 
 
 @pytest.mark.parametrize("capacity", [2_000, None])
