@@ -41,16 +41,7 @@ def chained(blocks: Iterable[Sequence[Hashable]]) -> bool:
     return True
 
 
-class _Root:
-    """The parent of a prompt's first block (compares equal to nothing else)."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "<root>"
-
-
-_ROOT = _Root()
+_ROOT = object()  # the parent of a prompt's first block: equal to no id
 
 
 class ChainLRU:
@@ -145,8 +136,8 @@ class ChainLRU:
 
 def _divergence(chain: Sequence[Hashable], ids: Sequence[Hashable], d: int, e: int) -> int:
     """The first depth in (d, e) where ``chain`` and ``ids`` differ, given that they agree at ``d``
-    and ``d + 1`` and differ at ``e - 1``: chained ids that are equal at a depth are equal at every depth above
-    it, so a binary search finds it."""
+    and ``d + 1`` and differ at ``e - 1``: chained ids that are equal at a depth are equal at every
+    depth above it, so a binary search finds it."""
     lo, top = d + 2, e - 1  # (the caller has seen them agree at d + 1)
     while lo < top:
         mid = (lo + top) >> 1

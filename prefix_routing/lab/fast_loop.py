@@ -205,7 +205,7 @@ def _sure_wait(engines, prompts) -> float:
     if engines.timeout_s == _INF:
         return _INF
     base, per_ctx, per_seq, chunk, a1, a2, max_seqs, budget, a0 = engines._constants
-    p = max(prompts, default=0)
+    p = max(prompts)  # (a chunk is never empty)
     chunks = -(-p // chunk) + 1
     worst = (a0 + p * (a1 + a2 * p * 0.5) + chunks * (base + per_ctx * budget + per_seq * max_seqs)) \
         * max(engines.slow, default=1.0)

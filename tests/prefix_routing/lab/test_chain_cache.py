@@ -134,6 +134,7 @@ def test_runs_emptied_by_hits_do_not_pile_up():
         ([[1, 2, 1]], False),  # an id twice in one prompt
         ([[1, 1]], False),
         ([[(0, "a"), (1, "b")], [(0, "a"), (1, "c")]], True),  # any hashable ids
+        ([[None, 2], [2]], False),  # even None: 2's parent is None, then no block
     ],
 )
 def test_chained_ids_have_one_parent_each(blocks, expected):

@@ -145,3 +145,17 @@ def test_without_the_misses_ledger_every_other_figure_is_the_same(mooncake_slice
     assert bare.misses == {} and sum(full.misses.values()) > 0
     assert (bare.hit_rate, list(bare.ttft), bare.cached_tokens, bare.spills, bare.max_mean_requests) == (
         full.hit_rate, list(full.ttft), full.cached_tokens, full.spills, full.max_mean_requests)
+
+
+def test_the_sure_wait_bounds_the_engine_models_prefill_from_above():
+    from types import SimpleNamespace
+
+    # (base, per_ctx, per_seq, chunk, a1, a2, max_seqs, budget, a0), as EngineModel._constants
+    engines = SimpleNamespace(_constants=(0.01, 1e-6, 0.001, 512, 1e-4, 1e-9, 8, 10_000, 0.005),
+                              slow=[1.0, 2.0], timeout_s=60.0, overhead_s=0.5)
+    # By hand: the longest prompt 1,000 tokens, all uncached: 0.005 + 1000 × (1e-4 + 1e-9 × 500) = 0.1055 s;
+    # ceil(1000 / 512) + 1 = 3 chunks at 0.01 + 1e-6 × 10,000 + 0.001 × 8 = 0.028 s each: 0.084 s;
+    # 0.1895 s on the slowest copy (× 2) = 0.379 s; the margin × 1.001 + 1 µs.
+    assert fast_loop._sure_wait(engines, [100, 1000]) == pytest.approx(60.0 - 0.5 - 0.379 * 1.001 - 1e-6, rel=1e-12)
+    engines.timeout_s = math.inf
+    assert fast_loop._sure_wait(engines, [100]) == math.inf
