@@ -159,3 +159,13 @@ def test_the_sure_wait_bounds_the_engine_models_prefill_from_above():
     assert fast_loop._sure_wait(engines, [100, 1000]) == pytest.approx(60.0 - 0.5 - 0.379 * 1.001 - 1e-6, rel=1e-12)
     engines.timeout_s = math.inf
     assert fast_loop._sure_wait(engines, [100]) == math.inf
+
+
+def test_a_fleet_turns_to_chain_caches_only_while_they_are_empty():
+    fleet = lab.Simulator(FleetConfig(instances=2, cache_tokens=5_000)).fleet
+    assert fleet.use_chain_caches() is True and fleet._chained  # empty: yes
+    assert fleet.use_chain_caches() is True  # already
+    fleet.use_ordered_caches()
+    fleet._caches[1][7] = None  # a copy holds a block
+    assert fleet.use_chain_caches() is False and not fleet._chained
+    assert lab.Simulator(FleetConfig(instances=2, cache_tokens=math.inf)).fleet.use_chain_caches() is False
