@@ -208,7 +208,7 @@ def _sure_wait(engines, prompts) -> float:
     p = max(prompts)  # (a chunk is never empty)
     chunks = -(-p // chunk) + 1
     worst = (a0 + p * (a1 + a2 * p * 0.5) + chunks * (base + per_ctx * budget + per_seq * max_seqs)) \
-        * max(engines.slow, default=1.0)
+        * max(engines.slow)  # (a factor for each copy: never empty)
     return engines.timeout_s - engines.overhead_s - worst * 1.001 - 1e-6  # the margin: rounding
 
 
