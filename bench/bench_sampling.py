@@ -13,7 +13,7 @@ Workloads: the Mooncake trace (../shared/traces, 12,031 requests, 8 × p5), AWS'
 workload with uniform and Zipf 1.1 prefixes (about 10,800 requests, 7 × p5), and with
 ``--large-rps N`` a large one made by the same generator at N requests per second for an hour
 (1,000: 3.6 million requests, 333 times the prefixes on 333 times the copies, so each copy's load
-is the small workload's; about 22 minutes and 11 GB here, so not part of ``make bench``). Target, on the large workload at 10 % (so only with ``--large-rps``): hit rate within 1 point of
+is the small workload's; about 11 minutes and 9 GB here, so not part of ``make bench``). Target, on the large workload at 10 % (so only with ``--large-rps``): hit rate within 1 point of
 the full run and a recommendation as good as the full run's (within 1 point and 5 % of P50 there);
 the small workloads are reported, not judged (a sample of a few hundred keys is only as good as its
 band says). Exit status 1 if missed.
