@@ -211,7 +211,6 @@ def result_band(result, trace: Trace, rate: float, key_blocks: int) -> float:
     return hit_rate_band(trace, result.cached_tokens, served, rate, key_blocks)
 
 
-
 class SourceSample:
     """Which lines of a request log sampled at the source (rules/sampling.py) a miniature at ``rate`` keeps.
 

@@ -46,9 +46,10 @@ def filter_pattern(rate: float) -> str:
     """The CloudWatch Logs filter pattern of the request lines in a sample at ``rate``: a sampled
     bucket, or a hot prefix. At rate 1, every request line (the reader's default pattern)."""
     message = f'$.{LogField.MESSAGE} = "{REQUEST_LOG_MESSAGE}"'
-    if bucket_limit(rate) >= SAMPLE_BUCKETS:
+    limit = bucket_limit(rate)
+    if limit >= SAMPLE_BUCKETS:
         return f"{{ {message} }}"
-    return (f"{{ ({message}) && (($.{LogField.SAMPLE_BUCKET} < {bucket_limit(rate)}) || "
+    return (f"{{ ({message}) && (($.{LogField.SAMPLE_BUCKET} < {limit}) || "
             f"($.{LogField.SAMPLE_HOT} IS TRUE)) }}")
 
 

@@ -23,6 +23,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, fi
 from prefix_routing.rules.constants import FINGERPRINT_HEX_DIGITS, MAX_BODY_BYTES_LIMIT
 from prefix_routing.rules.limits import LIMIT_NAMES, MAX_LIMIT, MAX_OVERRIDES, MAX_PATTERN, LimitSettings, TenantLimits
 from prefix_routing.rules.domains import MAX_DOMAINS, TrustDomains, shared_without_salt
+from prefix_routing.rules.sampling import MIN_RATE
 from prefix_routing.stage.benchmark import BenchmarkSettings
 from prefix_routing.stage.domains import ComponentPlan, DomainSettings, TenancySettings, check_domains, component_name
 from prefix_routing.stage.presets import INSTANCES
@@ -726,13 +727,16 @@ class LimitsSettings(TenantLimitSettings):
                              lease_s=min(3600, max(10, lease_s)))
 
 
+_SAMPLE_ALLOWED = f"allowed: `auto`, or a rate from {MIN_RATE:g} to 1"  # the lowest rate: one log bucket
+
+
 def _sample_rate(value: Any) -> float | str:
     """``advisor.sample``: ``auto`` or a rate (one message for both, not one per kind)."""
     if value == "auto":
         return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0001 <= value <= 1.0:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and MIN_RATE <= value <= 1.0:
         return float(value)
-    raise ValueError("allowed: `auto`, or a rate from 0.0001 to 1")
+    raise ValueError(_SAMPLE_ALLOWED)
 
 
 class AdvisorSettings(_Section):
@@ -764,7 +768,7 @@ class AdvisorSettings(_Section):
         description="the share of routing keys a run reads (the front door logs each request's key bucket and "
         "CloudWatch Logs filters by it): `auto` reads about half of `max_events` from the window's `Requests` "
         "count (every key while they fit), or a rate; hot prefixes are read in every sample",
-        json_schema_extra=_allowed("`auto`, or a rate from 0.0001 to 1"),
+        json_schema_extra=_allowed(_SAMPLE_ALLOWED.removeprefix("allowed: ")),
     )
     memory_mb: int = Field(1024, ge=256, le=10240, description="the function's memory (MB)")
     timeout_s: int = Field(300, ge=60, le=900, description="the function's timeout (s)")
