@@ -141,14 +141,6 @@ def print_lines(report: dict) -> None:
 # --------------------------------------------------------------------------- an hour at N requests/s
 
 
-def hour_spec(rps: float):
-    from prefix_routing.lab.workloads import LongContextSpec
-
-    scale = rps / LongContextSpec.rate_rps
-    return LongContextSpec(rate_rps=rps, prefixes=round(LongContextSpec.prefixes * scale),
-                           instances=round(LongContextSpec.instances * scale))
-
-
 def write_hour(path: Path, spec, block_bytes: int, rate_for) -> dict:
     """Write the hour's lines that CloudWatch would return at the rate ``rate_for(volume)`` picks.
 
@@ -195,8 +187,9 @@ def full_hit_rate(spec) -> float:
 
 def hour_report(rps: float, check_full: bool) -> dict:
     from prefix_routing.advisor.function import AdvisorConfig, sample_rate
+    from prefix_routing.lab.workloads import LongContextSpec
 
-    spec = hour_spec(rps)
+    spec = LongContextSpec.at_rate(rps)
     block_bytes = round(spec.block_tokens * 4)  # the reader's 4 bytes per token: the lab's blocks again
     cfg = AdvisorConfig(log_group="g", component_name="c", stage="s", instance_type="ml.p5.48xlarge", model="70B",
                         tensor_parallel_degree=8, copies_per_instance=1, copies_max=spec.instances,

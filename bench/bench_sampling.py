@@ -54,9 +54,7 @@ def workloads(large_rps: float | None):
         spec = LongContextSpec(zipf=zipf)
         yield name, long_context_workload(spec, seed=0), spec.fleet_config()
     if large_rps:
-        scale = large_rps / LongContextSpec.rate_rps
-        spec = LongContextSpec(rate_rps=large_rps, prefixes=round(LongContextSpec.prefixes * scale),
-                               instances=round(LongContextSpec.instances * scale))
+        spec = LongContextSpec.at_rate(large_rps)
         yield f"long-context at {large_rps:g} requests/s", long_context_workload(spec, seed=0), spec.fleet_config()
 
 

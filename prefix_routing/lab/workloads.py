@@ -42,6 +42,13 @@ class LongContextSpec:
     zipf: float = 0.0  # prefix popularity ∝ 1/rank^zipf (0: uniform, the blog's setting)
     load_step: tuple[float, float] | None = None  # (at_s, factor): the arrival rate × factor from at_s on
 
+    @classmethod
+    def at_rate(cls, rate_rps: float) -> "LongContextSpec":
+        """The workload at ``rate_rps``, its prefixes and instances scaled with the rate, so that each
+        copy's load and each prefix's rate stay the default's (the benchmarks' large hours)."""
+        scale = rate_rps / cls.rate_rps
+        return cls(rate_rps=rate_rps, prefixes=round(cls.prefixes * scale), instances=round(cls.instances * scale))
+
     def fleet_config(self, **overrides) -> FleetConfig:
         values = dict(
             instances=self.instances,

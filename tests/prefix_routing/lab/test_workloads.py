@@ -91,3 +91,10 @@ def test_the_generators_ids_are_chained_as_they_say(name, zipf):
     trace = generate(spec, seed=3)
     assert trace.chained is True and chained(trace.blocks) is True
 
+
+
+def test_the_workload_at_a_rate_scales_its_prefixes_and_fleet_with_it():
+    # 1,000 requests/s is 1000 / 3 times the default: 450 and 7 scaled, rounded (the large hours' 2,333 copies).
+    spec = lab.LongContextSpec.at_rate(1000.0)
+    assert (spec.rate_rps, spec.prefixes, spec.instances) == (1000.0, 150_000, 2_333)
+    assert spec.prefix_tokens == lab.LongContextSpec().prefix_tokens  # the rest is the default's
