@@ -252,14 +252,19 @@ class EngineMetrics:
     ``cloudwatch.Metric``, Metrics Insights query or graph widget reads them; a PromQL alarm does).
 
     vLLM V1 counts prefix-cache lookups in tokens: ``vllm:prefix_cache_queries`` and
-    ``vllm:prefix_cache_hits`` (exposed with a ``_total`` suffix, which the OpenTelemetry Prometheus
-    receiver drops); SageMaker labels each series with its component. The names and the label are
-    what AWS's pages give, settled on first deploy: verify's ``engine prefix-cache metrics`` line is
-    ✔ once the alarm on their absence is OK, and Query Studio lists what is published.
+    ``vllm:prefix_cache_hits``, which a vLLM engine exposes with a ``_total`` suffix (measured on a
+    real engine: tests/test_vllm_engines.py). Whether CloudWatch keeps the suffix once detailed
+    observability publishes them through OpenTelemetry is not documented (recent collectors no longer
+    strip it), so every query selects the counter by a regular expression on ``__name__`` that
+    matches both spellings; at most one of them exists for a component. SageMaker labels each series
+    with its component. verify's ``engine prefix-cache metrics`` line is ✔ once the alarm on their
+    absence is OK, and Query Studio lists what is published.
     """
 
     QUERIES = "vllm:prefix_cache_queries"
     HITS = "vllm:prefix_cache_hits"
+    #: The Prometheus counter suffix, kept or dropped by the exporter: the selectors accept both.
+    COUNTER_SUFFIX = "_total"
     COMPONENT_LABEL = "aws.sagemaker.inference_component.name"
 
     def __init__(self, *, component_name: str, publish_frequency_s: int) -> None:
@@ -267,9 +272,15 @@ class EngineMetrics:
         # rate() needs two samples in its window: at least two publications (MetricPublishFrequencyInSeconds).
         self.min_window_minutes = -(-2 * publish_frequency_s // 60)
 
+    @classmethod
+    def name_pattern(cls, metric: str) -> str:
+        """The regular expression (RE2, anchored as PromQL anchors it) on ``__name__`` that selects
+        ``metric`` with or without the counter suffix."""
+        return f"{metric}({cls.COUNTER_SUFFIX})?"
+
     def selector(self, metric: str) -> str:
-        """The component's series of ``metric`` (PromQL's quoted form: the names hold ``:`` and ``.``)."""
-        return f'{{"{metric}", "{self.COMPONENT_LABEL}"="{self.component_name}"}}'
+        """The component's series of ``metric`` under either spelling (the label's name quoted: it holds ``.``)."""
+        return f'{{__name__=~"{self.name_pattern(metric)}", "{self.COMPONENT_LABEL}"="{self.component_name}"}}'
 
     def hit_rate(self, window_minutes: int) -> str:
         """Tokens the engine found in its prefix cache ÷ tokens it looked up, over the window (0..1; the

@@ -31,7 +31,7 @@ ROOMS = {
     "prefix_routing.emulator.": "emulator",
     "prefix_routing.loadtest": "loadtest",
     "prefix_routing.loadtest.": "loadtest",
-    "prefix_routing.engines": "engines",  # real llama.cpp engines: build, model, processes
+    "prefix_routing.engines": "engines",  # real engines (llama.cpp, vLLM): build, model, processes
     "prefix_routing.engines.": "engines",
     "prefix_routing.advisor": "advisor",  # the routing advisor function: the lab on production's log
     "prefix_routing.advisor.": "advisor",
@@ -58,7 +58,8 @@ ALLOWED = {
     "emulator": ({"rules", "stage", "lab"}, set()),
     "loadtest": ({"rules", "stage", "lab", "emulator"}, {"boto3", "botocore", "matplotlib", "tqdm", "sagemaker"}),
     # engines -> stage: calibrate writes its preset file with stage/preset_file.py, the one definition of the format
-    "engines": ({"rules", "stage"}, {"gguf", "numpy"}),
+    # torch, tokenizers, transformers: engines/vllm_model.py only, a script that vLLM's own virtualenv runs
+    "engines": ({"rules", "stage"}, {"gguf", "numpy", "torch", "tokenizers", "transformers"}),
     "verify": ({"rules", "stage", "loadtest"}, {"boto3", "botocore"}),
     "advisor": ({"rules", "stage", "lab"}, {"boto3", "botocore"}),
     "benchmark": ({"rules", "stage", "lab"}, {"boto3", "botocore"}),

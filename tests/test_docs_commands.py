@@ -201,6 +201,8 @@ def workdir(tmp_path_factory) -> Path:
 def engines(tmp_path_factory):
     """An engine cache of this test's own (linking the built server and model) and one running engine."""
     from prefix_routing.engines import build, process, session
+    from prefix_routing.engines.engine_kind import EngineOptions
+    from prefix_routing.engines.llama_cpp import LlamaCpp
 
     if not session.built():
         message = "llama-server is not built (make engines)"
@@ -216,7 +218,8 @@ def engines(tmp_path_factory):
             (own / name).symlink_to(real / name)
     run = own / "run"
     state = run / "test-fixture.json"
-    (engine,) = process.start(1, own / "bin" / "llama-server", build.model_path(real), state, log_dir=run / "logs")
+    launch = LlamaCpp().launch(EngineOptions(), binary=own / "bin" / "llama-server", model=build.model_path(real))
+    (engine,) = process.start(1, launch, state, log_dir=run / "logs")
     try:
         yield xdg, engine.url
     finally:

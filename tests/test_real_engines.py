@@ -173,7 +173,7 @@ def test_a_killed_engine_loses_its_share_and_a_restarted_one_gets_it_back(engine
     import signal
     import subprocess
 
-    from prefix_routing.engines import build, process
+    from prefix_routing.engines import build, llama_cpp
 
     config = load_stage()
     with session.local_engines(2, slots=1, cache_ram_mib=40, say=lambda text: None) as pair:
@@ -205,8 +205,8 @@ def test_a_killed_engine_loses_its_share_and_a_restarted_one_gets_it_back(engine
             assert all(a["usage"]["completion_tokens"] > 0 for a in answers)
             assert engines_status()[1]["requests"] == served_before + len(systems)
             # SageMaker replaces the unhealthy copy: a new engine on the same port is taken back.
-            command = process.server_command(build.binary_path(), build.ensure_model(say=lambda text: None),
-                                             pair[0].port, cache_ram_mib=40)
+            command = llama_cpp.server_command(build.binary_path(), build.ensure_model(say=lambda text: None),
+                                               pair[0].port, cache_ram_mib=40)
             replacement = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                            start_new_session=True)
             deadline = time.monotonic() + 60

@@ -15,12 +15,10 @@ import sys
 import threading
 import time
 
+from prefix_routing.engines.engine_kind import KIND_NAMES
 from prefix_routing.rules.errors import UserError
 
 MAX_DURATION_S = 30 * 24 * 3600
-ENGINE_SLOTS = (1, 64)
-ENGINE_CONTEXT = (256, 1_048_576)  # tokens, shared by the slots
-ENGINE_CACHE_RAM_MIB = (0, 1_048_576)
 
 HELP = ("serve the SageMaker runtime API on 127.0.0.1 with the stage's routing over the lab's fleet model "
         "or over real engines")
@@ -39,14 +37,25 @@ def add_arguments(parser) -> None:
     parser.add_argument("--autoscaling", choices=("off", "on"), default="off",
                         help="the copies scale within the stage's bounds as its target tracking would (default off)")
     engines = parser.add_argument_group("real engines instead of the fleet model (one copy per engine)")
-    engines.add_argument("--engines", type=int, metavar="N", help="start N local llama.cpp engines (engines build first); with trust domains, N per domain")
+    engines.add_argument("--engines", type=int, metavar="N",
+                         help="start N local engines of --engine-kind (engines build first); with trust domains, N per domain")
+    engines.add_argument("--engine-kind", choices=KIND_NAMES, default=KIND_NAMES[0],
+                         help="--engines: llama.cpp (default) or vllm (vLLM for CPUs: engines build --kind vllm first)")
     engines.add_argument("--engine-url", action="append", metavar="URL",
                          help="an OpenAI-compatible server (llama.cpp, vLLM) as one copy; repeatable")
-    engines.add_argument("--engine-slots", type=int, default=1, metavar="S", help="--engines: slots per engine (default 1)")
+    engines.add_argument("--engine-slots", type=int, default=1, metavar="S",
+                         help="--engines: sequences each engine runs at once (llama.cpp's slots, vLLM's --max-num-seqs; "
+                              "default 1)")
     engines.add_argument("--engine-context", type=int, default=8192, metavar="T",
-                         help="--engines: context tokens per engine, shared by its slots (default 8192)")
+                         help="--engines: context tokens per engine (llama.cpp: shared by its slots; vLLM: the longest "
+                              "sequence; default 8192)")
     engines.add_argument("--engine-cache-ram", type=int, metavar="MIB",
-                         help="--engines: MiB of saved slot states per engine (default llama.cpp's 8192)")
+                         help="--engines, llama.cpp: MiB of saved slot states per engine (default llama.cpp's 8192)")
+    engines.add_argument("--engine-cache-tokens", type=int, metavar="T",
+                         help="--engines, vllm: KV-cache tokens per engine, whole blocks (default 262,144): small to "
+                              "see eviction")
+    engines.add_argument("--engine-block-size", type=int, metavar="B",
+                         help="--engines, vllm: tokens per KV block, a multiple of 32 (default 128, vLLM's on CPUs)")
     parser.add_argument("--front-door", type=int, metavar="PORT",
                         help="also serve the front door (the normalizer function's web app) on this port of 127.0.0.1, "
                              "called as its Function URL is (SigV4; the access key id names the caller)")
@@ -131,6 +140,10 @@ def _run(args) -> int:
         raise UserError(f"--duration {args.duration:g}: allowed above 0, at most {MAX_DURATION_S} seconds "
                         "(leave it out to serve until SIGTERM or Ctrl-C)")
     faults = Faults.from_spec(args.faults)
+    started_only = [flag for flag, given in _engine_options(args) if given]
+    if started_only and args.engines is None:
+        raise UserError(f"{', '.join(started_only)}: options of the engines --engines N starts"
+                        + (" (--engine-url names running ones)" if args.engine_url else ""))
     if args.engines is not None or args.engine_url:
         return _run_on_engines(args, config, faults)
     preset = args.preset
@@ -148,8 +161,18 @@ def _run(args) -> int:
     return 0
 
 
+def _engine_options(args) -> list[tuple[str, bool]]:
+    """The options of the engines ``--engines`` starts, and whether each was given (other than its default)."""
+    return [("--engine-kind", args.engine_kind != KIND_NAMES[0]), ("--engine-slots", args.engine_slots != 1),
+            ("--engine-context", args.engine_context != 8192), ("--engine-cache-ram", args.engine_cache_ram is not None),
+            ("--engine-cache-tokens", args.engine_cache_tokens is not None),
+            ("--engine-block-size", args.engine_block_size is not None)]
+
+
 def _run_on_engines(args, config, faults) -> int:
     from prefix_routing.emulator.engine_backend import start_engine_emulator
+    from prefix_routing.engines.engine_kind import (BLOCK_SIZE_RANGE, CACHE_RAM_MIB_RANGE, CACHE_TOKENS_RANGE,
+                                                    CONTEXT_RANGE, SLOTS_RANGE)
     from prefix_routing.engines.session import local_engines
 
     fleet_only = [flag for flag, given in (("--speed", args.speed != 1.0), ("--preset", args.preset), ("--preset-file", args.preset_file),
@@ -166,15 +189,21 @@ def _run_on_engines(args, config, faults) -> int:
         return 0
     if not 1 <= args.engines <= 16:
         raise UserError(f"--engines {args.engines}: allowed 1 to 16")
-    for flag, value, (low, high) in (("--engine-slots", args.engine_slots, ENGINE_SLOTS),
-                                     ("--engine-context", args.engine_context, ENGINE_CONTEXT),
-                                     ("--engine-cache-ram", args.engine_cache_ram, ENGINE_CACHE_RAM_MIB)):
+    for flag, value, (low, high) in (("--engine-slots", args.engine_slots, SLOTS_RANGE),
+                                     ("--engine-context", args.engine_context, CONTEXT_RANGE),
+                                     ("--engine-cache-ram", args.engine_cache_ram, CACHE_RAM_MIB_RANGE),
+                                     ("--engine-cache-tokens", args.engine_cache_tokens, CACHE_TOKENS_RANGE),
+                                     ("--engine-block-size", args.engine_block_size, BLOCK_SIZE_RANGE)):
         if value is not None and not low <= value <= high:
             raise UserError(f"{flag} {value}: allowed {low} to {high}")
     say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
+    count = args.engines * len(config.components())
+    if args.engine_kind != "llama.cpp":
+        say(f"starting {count} {args.engine_kind} engine(s) (about 1.5 minutes on 2 cores) ...")
     # With trust domains, N engines for each domain's component: no engine serves two domains.
-    with local_engines(args.engines * len(config.components()), slots=args.engine_slots, context=args.engine_context,
-                       cache_ram_mib=args.engine_cache_ram, say=say) as engines:
+    with local_engines(count, kind=args.engine_kind, slots=args.engine_slots, context=args.engine_context,
+                       cache_ram_mib=args.engine_cache_ram, cache_tokens=args.engine_cache_tokens,
+                       block_size=args.engine_block_size, say=say) as engines:
         server = start_engine_emulator(config, [e.url for e in engines], port=args.port, faults=faults)
         _serve(args, config, server, ", ".join(f"{e.url} (pid {e.pid})" for e in engines))
     return 0

@@ -188,7 +188,8 @@ def table(results) -> str:
         ("max/mean requests", lambda r: f"{r.max_mean_requests:.2f}"),
         ("max/mean tokens", lambda r: f"{r.max_mean_tokens:.2f}"),
         *[(f"miss: {label}", _miss_share(name)) for name, label in
-          (("first_touch", "first touch"), ("rekeyed", "re-keyed"), ("routed_away", "routed away"), ("evicted", "evicted"))],
+          (("last_block", "last block"), ("first_touch", "first touch"), ("rekeyed", "re-keyed"),
+           ("routed_away", "routed away"), ("evicted", "evicted"))],
         ("spills", lambda r: f"{r.spills:,}"),
         ("timeouts", lambda r: f"{r.timeouts:,}"),
         (f"waited > {WAIT_S:g} s", lambda r: f"{r.waited_share:.1%}"),

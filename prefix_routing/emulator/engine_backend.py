@@ -1,8 +1,8 @@
 """Real engines behind the SageMaker runtime's wire protocol: SageMaker's routing, the engines' own KV caches.
 
 :class:`EngineBackend` is the emulator's backend when the model is not the lab's fleet model but
-real OpenAI-compatible servers (llama.cpp's ``llama-server`` started by ``engines start``, or vLLM on
-a GPU machine). Each engine is one inference-component copy. Routing is the lab's own
+real OpenAI-compatible servers (llama.cpp's ``llama-server`` or vLLM, started by ``engines start``,
+or any other). Each engine is one inference-component copy. Routing is the lab's own
 (:class:`prefix_routing.lab.routing.Router`): ``PREFIX_AWARE`` hashes the first PrefixLength bytes of
 the body as it arrives plus the ``X-Amzn-SageMaker-Prefix-Aware-Id`` header, and spills past the
 ConcurrencyThreshold with the live in-flight count of every engine; ``RANDOM`` and
@@ -12,7 +12,7 @@ messages' text and ``prompt_cache_key``, as the fleet backend does.
 The chosen engine gets the body as JSON, always streamed and with ``stream_options.include_usage``
 (so that it reports its prompt and cached tokens, :mod:`prefix_routing.rules.stream_usage`), and
 ``max_tokens`` = 16 when the body sets no limit (a random-weight model would otherwise talk until
-its context is full). Chat bodies go to ``/v1/chat/completions``; ``prompt``/``inputs`` bodies to
+its context is full), and without its ``model`` (each engine serves its own). Chat bodies go to ``/v1/chat/completions``; ``prompt``/``inputs`` bodies to
 ``/v1/completions``. The answer goes back as the engine sent it: one ``PayloadPart`` per server-sent
 event on the streaming call, one chat-completion JSON (with the engine's usage) on
 ``InvokeEndpoint``. An engine that cannot be reached or answers an error before streaming is a
@@ -100,6 +100,9 @@ def engine_body(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         path = "/v1/completions"
     if not body.get("max_tokens") and not body.get("max_completion_tokens"):
         body["max_tokens"] = DEFAULT_MAX_TOKENS
+    # The body's ``model`` names the endpoint's model (its Hugging Face id); a local engine serves its own
+    # tiny model under its own name, and vLLM refuses any other (404): each engine answers as its model.
+    body.pop("model", None)
     body["stream"] = True
     return path, with_include_usage(body)
 

@@ -39,9 +39,14 @@ CMAKE_OPTIONS = (
 )
 
 
-def cache_root() -> Path:
+def engine_cache() -> Path:
+    """Where every kind of engine keeps its pins: ``${XDG_CACHE_HOME:-~/.cache}/prefix-routing/engines``."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "prefix-routing" / "engines" / f"{CARRIER}-{VERSION}"
+    return Path(base) / "prefix-routing" / "engines"
+
+
+def cache_root() -> Path:
+    return engine_cache() / f"{CARRIER}-{VERSION}"
 
 
 def binary_path(root: Path | None = None) -> Path:
@@ -58,41 +63,48 @@ def missing_tools(which: Callable[[str], str | None] = shutil.which) -> list[str
 
 _NINJA_STEP = re.compile(rb"^\[(\d+)/(\d+)\]")
 PROGRESS_EVERY_S = 5.0  # at most one progress line this often, and one at each 10 % crossed
+StepParser = Callable[[bytes], "tuple[int, int] | None"]  # an output line -> (step, steps), or None
 
 
-def _run(command: list[str], log: Path, cwd: Path | None = None,
-         progress: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-    """Run ``command`` with its output in ``log``. With ``progress``: ninja's ``[n/N]`` lines relayed
-    as a percentage, at each 10 % crossed or every PROGRESS_EVERY_S seconds of progress, whichever
-    comes first (the first build takes minutes)."""
+def ninja_step(line: bytes) -> tuple[int, int] | None:
+    """ninja's ``[n/N]`` at the start of a line."""
+    match = _NINJA_STEP.match(line)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def run_logged(command: list[str], log: Path, cwd: Path | None = None, progress: Callable[[str], None] | None = None,
+               clock: Callable[[], float] = time.monotonic, *, steps: StepParser = ninja_step,
+               label: str = "building llama-server", env: dict[str, str] | None = None) -> None:
+    """Run ``command`` with its output in ``log``. With ``progress``: the steps that ``steps`` reads in
+    its output relayed as ``label: P% (n/N steps, T s)``, at each 10 % crossed or every
+    PROGRESS_EVERY_S seconds of progress, whichever comes first (a first build or install takes minutes)."""
     with log.open("ab") as out:
         out.write(("$ " + " ".join(command) + "\n").encode())
         out.flush()
         if progress is None:
-            returncode = subprocess.run(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT).returncode
+            returncode = subprocess.run(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
         else:
-            returncode = _relay(command, cwd, out, progress, clock)
+            returncode = _relay(command, cwd, out, progress, clock, steps, label, env)
     if returncode:
         raise UserError(f"{command[0]} failed with status {returncode}: see {log}")
 
 
 def _relay(command: list[str], cwd: Path | None, out, progress: Callable[[str], None],
-           clock: Callable[[], float]) -> int:
+           clock: Callable[[], float], steps: StepParser, label: str, env: dict[str, str] | None) -> int:
     started = last_said = clock()
     last_tenth, last_step = 0, 0
-    with subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as process:
+    with subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env) as process:
         for line in process.stdout:
             out.write(line)
-            match = _NINJA_STEP.match(line)
-            if not match:
+            parsed = steps(line)
+            if parsed is None:
                 continue
-            step, steps = int(match[1]), int(match[2])
-            if not 0 < step <= steps:
+            step, total = parsed
+            if not 0 < step <= total:
                 continue
-            tenth, now = 10 * step // steps, clock()
+            tenth, now = 10 * step // total, clock()
             if step > last_step and (tenth > last_tenth or now - last_said >= PROGRESS_EVERY_S):
-                progress(f"building llama-server: {100 * step // steps}% ({step}/{steps} steps, "
-                         f"{now - started:,.0f} s)")
+                progress(f"{label}: {100 * step // total}% ({step}/{total} steps, {now - started:,.0f} s)")
                 last_tenth, last_step, last_said = tenth, step, now
         return process.wait()
 
@@ -113,7 +125,7 @@ def build(*, force: bool = False, jobs: int = 2, say: Callable[[str], None] = pr
     log.write_text("")
     sdist_dir = root / "sdist"
     say(f"downloading {CARRIER}=={VERSION} (the source distribution, about 75 MB) ...")
-    _run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+    run_logged([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
           f"{CARRIER}=={VERSION}", "-d", str(sdist_dir)], log)
     (archive,) = sdist_dir.glob(f"{CARRIER.replace('-', '_')}-{VERSION}.tar.gz")
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()
@@ -129,8 +141,8 @@ def build(*, force: bool = False, jobs: int = 2, say: Callable[[str], None] = pr
         tar.extractall(source, members=[m for m in members if m.name], filter="data")
     say(f"building llama-server (5-25 minutes, about 5 on 2 free cores; log: {log}) ...")
     build_dir = root / "build"
-    _run(["cmake", "-S", str(source), "-B", str(build_dir), "-G", "Ninja", *CMAKE_OPTIONS], log)
-    _run(["cmake", "--build", str(build_dir), "--target", "llama-server", f"-j{jobs}"], log, progress=say)
+    run_logged(["cmake", "-S", str(source), "-B", str(build_dir), "-G", "Ninja", *CMAKE_OPTIONS], log)
+    run_logged(["cmake", "--build", str(build_dir), "--target", "llama-server", f"-j{jobs}"], log, progress=say)
     binary.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(build_dir / "bin" / "llama-server", binary.with_suffix(".tmp"))
     binary.with_suffix(".tmp").replace(binary)

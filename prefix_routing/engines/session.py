@@ -1,8 +1,7 @@
 """Engines for the length of a ``with`` block: what ``emulate --engines``, ``demo --engines``, the
-real-engine tests and the fidelity benchmark start, each with its own state file, so that one never
-stops another's engines. The block's end stops them however it ends (an exception, or the
-``BaseException`` that ``emulate`` raises on SIGTERM/SIGINT): by the ids in the state file and by the
-ids it handed out."""
+real-engine tests and the benchmarks start, each with its own state file, so that one never stops
+another's engines. The block's end stops them however it ends (an exception, or the ``BaseException``
+that ``emulate`` raises on SIGTERM/SIGINT): by the ids in the state file and by the ids it handed out."""
 
 from __future__ import annotations
 
@@ -11,28 +10,29 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 
-from prefix_routing.engines import build, process
+from prefix_routing.engines import process
+from prefix_routing.engines.engine_kind import LLAMA_CPP, EngineOptions
 from prefix_routing.engines.process import Engine
-from prefix_routing.rules.errors import UserError
+from prefix_routing.engines.registry import engine_kind
 
 
-def built() -> bool:
-    """Whether this pin's ``llama-server`` is in the cache (``engines build`` has run)."""
-    return build.binary_path().is_file()
+def built(kind: str = LLAMA_CPP) -> bool:
+    """Whether this pin of the kind is in the engine cache (``engines build --kind KIND`` has run)."""
+    return engine_kind(kind).built()
 
 
 @contextlib.contextmanager
-def local_engines(count: int, *, slots: int = 1, context: int = 8192, cache_ram_mib: int | None = None,
+def local_engines(count: int, *, kind: str = LLAMA_CPP, slots: int = 1, context: int = 8192,
+                  cache_ram_mib: int | None = None, cache_tokens: int | None = None, block_size: int | None = None,
                   say: Callable[[str], None] = print) -> Iterator[list[Engine]]:
-    """``count`` engines on 127.0.0.1, stopped (by their process ids) when the block ends."""
-    root = build.cache_root()
-    binary = build.binary_path(root)
-    if not binary.is_file():
-        raise UserError(f"no llama-server at {binary}: run `python -m prefix_routing engines build` (or make engines)")
-    model = build.ensure_model(say=say)
+    """``count`` engines of ``kind`` on 127.0.0.1, stopped (by their process ids) when the block ends."""
+    engines_kind = engine_kind(kind)
+    options = EngineOptions(slots=slots, context=context, cache_ram_mib=cache_ram_mib, cache_tokens=cache_tokens,
+                            block_size=block_size)
+    launch = engines_kind.launch(options, say=say)
+    root = engines_kind.cache_root()
     state = root / "run" / f"session-{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
-    engines = process.start(count, binary, model, state, log_dir=root / "run" / "logs", slots=slots,
-                            context=context, cache_ram_mib=cache_ram_mib)
+    engines = process.start(count, launch, state, log_dir=root / "run" / "logs")
     try:
         yield engines
     finally:

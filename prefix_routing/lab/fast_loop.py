@@ -41,7 +41,7 @@ def run(fleet: Fleet, lo: int, hi: int, inv: float, keys, arrivals, prompts, out
     threshold, copies = router.threshold, router.copies_per_instance
     requests_, prompt_, cached_, spills_in, timeouts_ = (fleet._requests, fleet._prompt, fleet._cached,
                                                          fleet._spills_in, fleet._timeouts)
-    bt, infinite, cap = fleet._bt, fleet._infinite, fleet._cap_blocks
+    bt, eb, infinite, cap = fleet._bt, fleet._eb, fleet._infinite, fleet._cap_blocks
     chain = fleet._chained  # the caches are ChainLRUs (ids known to be chained), not OrderedDicts
     misses = fleet.misses  # None: causes not asked for
     if misses is not None:
@@ -113,9 +113,14 @@ def run(fleet: Fleet, lo: int, hi: int, inv: float, keys, arrivals, prompts, out
         placed = chain and begin - now <= sure_wait
         m = (cache.place(ids) if placed else cache.held(ids)) if chain else \
             len(list(_takewhile(cache.__contains__, ids)))
-        cached = m * bt
-        if cached > prompt:
-            cached = prompt
+        held = m * bt
+        if held > prompt:
+            held = prompt
+        # whole_blocks_cached: vLLM's whole blocks, never the last token
+        cached = held if held < prompt - 1 else prompt - 1
+        cached -= cached % eb
+        if cached < 0:
+            cached = 0
         new = prompt - cached
         chunks = -(-new // chunk) if new > 0 else 1
         end = begin + (
@@ -149,16 +154,18 @@ def run(fleet: Fleet, lo: int, hi: int, inv: float, keys, arrivals, prompts, out
         prompt_[g] += prompt
         cached_[g] += cached
         # The misses ledger (Fleet._place's common cases; MissLedger.book otherwise).
+        if misses is not None:
+            misses.last_block += held - cached
         if m < len(ids):
             rest = ids[m:] if m else ids
             if misses is not None:
-                if cached < prompt and (rest[0] in seen or rest[0] in older or key.__class__ is ClientKey):
-                    book(ids, g, m, prompt, cached, bt,
+                if held < prompt and (rest[0] in seen or rest[0] in older or key.__class__ is ClientKey):
+                    book(ids, g, m, prompt, held, bt,
                          partial(chained_held_elsewhere, ids, m) if chain else held_elsewhere,
                          key.__class__ is ClientKey)
                     seen, older = misses.seen, misses.older
                 else:
-                    misses.first_touch += prompt - cached
+                    misses.first_touch += prompt - held
                     seen.update(rest)
                     if len(seen) > limit:
                         misses.older, misses.seen = seen, set()

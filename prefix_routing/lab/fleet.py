@@ -237,6 +237,7 @@ class Fleet:
             self.router.set_active(list(range(config.autoscaling.start_copies)))
         self._threshold = config.concurrency_threshold
         self._bt = config.block_tokens
+        self._eb = config.engine_block
         self.engines = EngineModel(n, self.latency, budget=capacity, overhead_s=self._ttft_overhead,
                                    timeout_s=self._timeout)
         self._slots = None if config.cache_policy == VLLM_BLOCKS else SlotCache(
@@ -435,11 +436,12 @@ class Fleet:
             # The leading blocks it holds, as an engine's prefix cache matches (the lookups stop at
             # the first block missing; for chained ids the only ones held).
             m = len(list(_takewhile(cache.__contains__, blocks)))
-            cached = m * self._bt
-            if cached > prompt:
-                cached = prompt
+            held_tokens = m * self._bt
+            if held_tokens > prompt:
+                held_tokens = prompt
+            cached = whole_blocks_cached(held_tokens, prompt, self._eb)
         else:
-            cached = slots.lookup(g, blocks, prompt, output, now)
+            cached = held_tokens = slots.lookup(g, blocks, prompt, output, now)
         self._requests[g] += 1
         if pool is not None:
             pool.record(g, now, out[g])
@@ -466,15 +468,17 @@ class Fleet:
         # The common cases inline (the ledger's book() is the reference): nothing new, or all new.
         held = m if slots is None else int(cached // self._bt)
         misses = self.misses
+        if misses is not None:
+            misses.last_block += held_tokens - cached  # held, but not whole blocks short of the last token
         if held < len(blocks) and misses is not None:
             rest = blocks[held:] if held else blocks
             seen, older = misses.seen, misses.older
             first_block = rest[0]
-            if cached < prompt and (first_block in seen or first_block in older or key.__class__ is ClientKey):
-                misses.book(blocks, g, held, prompt, cached, self._bt, self._held_elsewhere,
+            if held_tokens < prompt and (first_block in seen or first_block in older or key.__class__ is ClientKey):
+                misses.book(blocks, g, held, prompt, held_tokens, self._bt, self._held_elsewhere,
                             key.__class__ is ClientKey)
             else:  # the uncached part starts with a block never seen: chained ids, so all of it is new
-                misses.first_touch += prompt - cached
+                misses.first_touch += prompt - held_tokens
                 seen.update(rest)
                 if len(seen) > misses.limit:
                     misses.older, misses.seen = seen, set()
@@ -517,6 +521,16 @@ class Fleet:
         return self.engines.kv_aware_copy(caches, self._out, blocks, prompt, now, start=start,
                                           block_tokens=self.config.block_tokens,
                                           load_weight_s=self.config.kv_load_weight_s)
+
+
+def whole_blocks_cached(held_tokens: float, prompt_tokens: int, engine_block: int) -> float:
+    """The tokens a vLLM engine serves from its cache when it holds the prompt's first ``held_tokens``:
+    whole blocks of ``engine_block`` tokens, never the prompt's last token (vLLM computes at least
+    one token to sample from): ``floor(min(held, prompt − 1) / block) × block``."""
+    last = prompt_tokens - 1
+    cached = held_tokens if held_tokens < last else last
+    cached -= cached % engine_block
+    return cached if cached > 0 else 0
 
 
 def _touch(cache, blocks: Sequence[Hashable], m: int, infinite: bool, cap_blocks: int) -> None:

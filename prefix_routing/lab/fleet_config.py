@@ -37,6 +37,9 @@ class FleetConfig:
     key_offset_bytes: int = 0  # JSON bytes before the prompt in the normalized body
     block_tokens: float = DEFAULT_BLOCK_TOKENS  # tokens per block id of the requests' `blocks`
     block_bytes: float | None = None  # bytes per block id, when ids hash bytes (normalizer log)
+    # Tokens per KV block of the copies' vLLM (None: the preset's, 16 on GPUs): cached tokens are whole
+    # blocks of it, never the prompt's last token.
+    engine_block_tokens: int | None = None
     preset: Preset | str = DEFAULT_PRESET
     seed: int = 0
     request_overhead_s: float = REQUEST_OVERHEAD_S
@@ -83,6 +86,8 @@ class FleetConfig:
             raise UserError(f"bytes_per_token={self.bytes_per_token}: must be > 0")
         if not (self.block_tokens > 0):
             raise UserError(f"block_tokens={self.block_tokens}: must be > 0")
+        if self.engine_block_tokens is not None:
+            check_int("engine_block_tokens", self.engine_block_tokens, 1, 4096)
         if self.key_offset_bytes < 0:
             raise UserError(f"key_offset_bytes={self.key_offset_bytes}: must be >= 0")
         if self.replication is not None and not isinstance(self.replication, ReplicationSettings):
@@ -115,6 +120,11 @@ class FleetConfig:
     @property
     def capacity_tokens(self) -> float:
         return float(self.preset.kv_tokens) if self.cache_tokens is None else float(self.cache_tokens)
+
+    @property
+    def engine_block(self) -> int:
+        """Tokens per KV block of the copies' engine (vLLM caches whole blocks)."""
+        return self.engine_block_tokens or self.preset.engine_block_tokens
 
     @property
     def slot_tokens(self) -> float:

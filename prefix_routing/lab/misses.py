@@ -1,8 +1,12 @@
-"""Why a prompt's tokens were not cached: first touch, re-keyed by the client, routed away, evicted.
+"""Why a prompt's tokens were not cached: last block, first touch, re-keyed by the client, routed away, evicted.
 
 Every uncached token of a served request falls in exactly one class, judged when the request is
 routed (block ids are chained, and a copy caches a prompt's blocks from its first one on, so
 "cached on copy h" is the number of leading blocks h holds):
+
+- **last block**: tokens the copy holds that vLLM still computes: it serves whole blocks of its KV
+  block size only, and never the prompt's last token (a full repeat of a prompt recomputes its
+  partial last block, or one block when the prompt fills whole blocks);
 
 - **first touch**: blocks no request of the workload had before: no routing could have cached them;
 - **re-keyed**: requests routed on the client's own bytes (``simulate --as-sent`` on raw bodies:
@@ -14,8 +18,9 @@ routed (block ids are chained, and a copy caches a prompt's blocks from its firs
 - **evicted**: blocks seen before but held by no copy: the caches were too small (or the prompt's
   blocks were pushed out between its turns).
 
-Token counts: the uncached tokens ``prompt − cached`` are split in that order (first touch, then
-routed away, then evicted), a block counting ``block_tokens`` (the new blocks: the prompt's tokens
+Token counts: the uncached tokens ``prompt − cached`` are split in that order (last block, first
+touch, then routed away, then evicted; the ledger's ``book`` takes the tokens held, the fleet adds
+the last block's), a block counting ``block_tokens`` (the new blocks: the prompt's tokens
 past the blocks seen before). With the llama.cpp slot policy the copies' holdings are the slots' sequences.
 """
 
@@ -43,12 +48,13 @@ class MissLedger:
     comes back it counts as a first touch, not as evicted.
     """
 
-    __slots__ = ("seen", "older", "limit", "first_touch", "rekeyed", "routed_away", "evicted")
+    __slots__ = ("seen", "older", "limit", "last_block", "first_touch", "rekeyed", "routed_away", "evicted")
 
     def __init__(self, limit: int = 2_000_000) -> None:
         self.seen: set = set()  # this generation
         self.older: set = set()  # the one before
         self.limit = limit
+        self.last_block = 0.0
         self.first_touch = 0.0
         self.rekeyed = 0.0
         self.routed_away = 0.0
@@ -61,14 +67,15 @@ class MissLedger:
             known += sum(map(older.__contains__, filterfalse(seen.__contains__, rest)))  # in C
         return known
 
-    def book(self, blocks: Sequence[Hashable], g: int, m: int, prompt_tokens: float, cached_tokens: float,
+    def book(self, blocks: Sequence[Hashable], g: int, m: int, prompt_tokens: float, held_tokens: float,
              block_tokens: float, held_elsewhere: Callable[[int, Sequence[Hashable]], int],
              rekeyed: bool = False) -> None:
-        """One served request on copy ``g``, which held its ``m`` leading blocks;
+        """One served request on copy ``g``, which held its ``m`` leading blocks, ``held_tokens`` of
+        the prompt (what of them the engine still computed is the fleet's ``last_block``);
         ``held_elsewhere(g, rest)`` is the most of ``rest`` any other copy holds (asked only when a
         seen block was not cached)."""
         seen = self.seen
-        uncached_tokens = prompt_tokens - cached_tokens
+        uncached_tokens = prompt_tokens - held_tokens
         if uncached_tokens > 0:
             rest = blocks[m:] if m else blocks
             if rekeyed:  # the client's bytes sent it elsewhere: the whole miss is the client's
@@ -92,5 +99,5 @@ class MissLedger:
             self.older, self.seen = seen, set()
 
     def as_dict(self) -> dict[str, float]:
-        return {"first_touch": self.first_touch, "rekeyed": self.rekeyed, "routed_away": self.routed_away,
-                "evicted": self.evicted}
+        return {"last_block": self.last_block, "first_touch": self.first_touch, "rekeyed": self.rekeyed,
+                "routed_away": self.routed_away, "evicted": self.evicted}

@@ -127,6 +127,9 @@ class LatencyCoefficients:
     step_s_per_context_token: float  # e
 
 
+VLLM_GPU_BLOCK_TOKENS = 16
+
+
 @dataclass(frozen=True)
 class Preset:
     """One replica layout of a model on an instance type, with its calibrated speed figures."""
@@ -146,6 +149,9 @@ class Preset:
     kv_tokens_override: int | None = None  # KV capacity of one copy in tokens
     max_num_seqs_override: int | None = None
     max_batched_tokens_override: int | None = None
+    #: Tokens per KV block of the copy's engine: vLLM caches whole blocks only (16 on GPUs, its
+    #: default, which SageMaker's vLLM and LMI containers keep; 128 on CPUs).
+    engine_block_tokens: int = VLLM_GPU_BLOCK_TOKENS
 
     @property
     def kv_tokens(self) -> int:

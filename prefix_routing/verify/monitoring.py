@@ -176,7 +176,8 @@ def check_engine_metrics(name: str, component: str, in_stack: bool, alarm: dict 
     if state == "OK":
         return ok(title, "published (the engine hit-rate widget's query and alarm have data)")
     settle = ("settle on first deploy: in CloudWatch Query Studio (PromQL), look for the vLLM prefix-cache series "
-              f"labelled aws.sagemaker.inference_component.name = {component}; if they have other names or labels, "
+              f"(vllm:prefix_cache_queries, with or without _total: the alarm selects both) labelled "
+              f"aws.sagemaker.inference_component.name = {component}; if they have other names or labels, "
               "set them in EngineMetrics (stacks/metrics.py) and redeploy the observability stack; if there are none, "
               "check that detailed observability is on (the line above) and that the copies are InService")
     if state == "ALARM":

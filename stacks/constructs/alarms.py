@@ -231,7 +231,8 @@ class RoutingAlarms(Construct):
             pending_period=hold,
             recovery_period=Duration.minutes(1),
             alarm_description=(
-                f"No {EngineMetrics.QUERIES} series labelled with this component: the engine hit-rate alarm "
+                f"No {EngineMetrics.QUERIES} series (with or without {EngineMetrics.COUNTER_SUFFIX}) labelled with "
+                "this component: the engine hit-rate alarm "
                 "and widget have nothing to read (no copy serving, detailed observability off, or the metric is "
                 "published under another name: look it up in CloudWatch Query Studio and set EngineMetrics in "
                 "stacks/metrics.py). Notifies no one."

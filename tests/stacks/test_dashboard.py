@@ -88,8 +88,9 @@ def test_the_engines_hit_rate_sits_beside_the_front_doors(default_templates):
     assert text["type"] == "text" and text["properties"]["markdown"].startswith("**Engine prefix-cache hit rate**")
     component = load_stage().component_name
     label = f'"aws.sagemaker.inference_component.name"="{component}"'
-    query = (f'sum(rate({{"vllm:prefix_cache_hits", {label}}}[5m])) / '
-             f'sum(rate({{"vllm:prefix_cache_queries", {label}}}[5m]))')
+    # either spelling of each counter: vLLM exposes the _total suffix, CloudWatch may or may not keep it
+    query = (f'sum(rate({{__name__=~"vllm:prefix_cache_hits(_total)?", {label}}}[5m])) / '
+             f'sum(rate({{__name__=~"vllm:prefix_cache_queries(_total)?", {label}}}[5m]))')
     assert f"`{query}`" in text["properties"]["markdown"]
     row = widgets[front_door]["y"]
     assert status["y"] == row and text["y"] == row + status["height"]  # one column, on the hit rate's row

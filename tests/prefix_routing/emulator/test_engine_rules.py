@@ -65,6 +65,13 @@ def test_a_chat_body_is_streamed_with_usage_and_a_default_limit():
     assert eb.DEFAULT_MAX_TOKENS == 16
 
 
+def test_the_bodys_model_is_left_out_for_the_engine_but_its_salt_is_kept():
+    """vLLM answers 404 to a model it does not serve: each local engine answers as its own model."""
+    _, chat = engine_body({"cache_salt": "s", "model": "meta-llama/Llama-3.1-8B-Instruct", "messages": []})
+    _, completion = engine_body({"model": "m", "prompt": "p"})
+    assert "model" not in chat and "model" not in completion and chat["cache_salt"] == "s"
+
+
 def test_a_callers_own_limit_either_way_is_kept():
     assert engine_body({"messages": [], "max_completion_tokens": 5})[1].get("max_tokens") is None
     assert engine_body({"messages": [], "max_tokens": 0})[1]["max_tokens"] == 16  # 0: no limit given

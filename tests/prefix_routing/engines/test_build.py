@@ -55,7 +55,7 @@ def test_the_build_relays_ninjas_steps_at_each_tenth(tmp_path):
 
     said, ticks = [], iter(range(100))  # one second per line read
     log = tmp_path / "build.log"
-    build._run([sys.executable, str(_ninja(tmp_path, 20)), "0"], log, progress=said.append,
+    build.run_logged([sys.executable, str(_ninja(tmp_path, 20)), "0"], log, progress=said.append,
                clock=lambda: float(next(ticks)))
     # 20 steps: a tenth is crossed every second step, and no 5 s pass without one.
     assert said == [f"building llama-server: {p}% ({p // 5}/20 steps, {p // 5} s)" for p in range(10, 101, 10)]
@@ -66,7 +66,7 @@ def test_a_long_tenth_is_reported_every_few_seconds(tmp_path):
     import sys
 
     said, ticks = [], iter([i / 10 for i in range(2000)])  # a tenth of a second per line
-    build._run([sys.executable, str(_ninja(tmp_path, 1000)), "0"], tmp_path / "build.log", progress=said.append,
+    build.run_logged([sys.executable, str(_ninja(tmp_path, 1000)), "0"], tmp_path / "build.log", progress=said.append,
                clock=lambda: next(ticks))
     # Step i is read at i/10 s: 5 s pass every 50 steps (5 %), before the next tenth is crossed.
     assert said[:3] == ["building llama-server: 5% (50/1000 steps, 5 s)",
@@ -79,4 +79,4 @@ def test_a_failed_build_step_names_its_log(tmp_path):
     import sys
 
     with pytest.raises(UserError, match=r"failed with status 2: see .*build\.log"):
-        build._run([sys.executable, str(_ninja(tmp_path, 3)), "2"], tmp_path / "build.log", progress=lambda text: None)
+        build.run_logged([sys.executable, str(_ninja(tmp_path, 3)), "2"], tmp_path / "build.log", progress=lambda text: None)

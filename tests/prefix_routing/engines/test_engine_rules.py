@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from prefix_routing.engines import calibrate, process
+from prefix_routing.engines import calibrate, llama_cpp, process
 from prefix_routing.engines.calibrate import DecodePoint, PrefillPoint, Sample
 from prefix_routing.engines.model import ModelShape
 from prefix_routing.rules.errors import UserError
@@ -141,7 +141,7 @@ def flags(command: list[str]) -> tuple[dict, set]:
 
 
 def test_an_engine_listens_on_127_0_0_1_with_its_slots_context_threads_caching_and_metrics(tmp_path):
-    command = process.server_command(tmp_path / "llama-server", tmp_path / "m.gguf", 8123, slots=2, context=4096,
+    command = llama_cpp.server_command(tmp_path / "llama-server", tmp_path / "m.gguf", 8123, slots=2, context=4096,
                                      threads=3, cache_ram_mib=512)
     assert command[0] == str(tmp_path / "llama-server")
     values, bare = flags(command[1:])
@@ -151,7 +151,7 @@ def test_an_engine_listens_on_127_0_0_1_with_its_slots_context_threads_caching_a
 
 
 def test_an_engines_defaults_are_one_slot_one_thread_8192_tokens_and_llama_cpps_cache_ram(tmp_path):
-    values, _ = flags(process.server_command(tmp_path / "b", tmp_path / "m", 1)[1:])
+    values, _ = flags(llama_cpp.server_command(tmp_path / "b", tmp_path / "m", 1)[1:])
     assert (values["-np"], values["-t"], values["-tb"], values["-c"]) == ("1", "1", "1", "8192")
     assert "--cache-ram" not in values
 

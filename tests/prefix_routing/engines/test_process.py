@@ -1,31 +1,39 @@
 """Engines started, watched and stopped by the process ids this module started (prefix_routing.engines.process)."""
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from prefix_routing.engines import process
+from prefix_routing.engines import llama_cpp, process
+from prefix_routing.engines.engine_kind import EngineOptions
+from prefix_routing.engines.llama_cpp import LlamaCpp
 from prefix_routing.rules.errors import UserError
+
+
+def launch(fake_server, model, **options):
+    return LlamaCpp().launch(EngineOptions(**options), binary=fake_server, model=model)
 
 
 def test_start_waits_for_health_records_and_stop_ends_exactly_those(fake_server, tmp_path):
     state = tmp_path / "run" / "engines.json"
     model = tmp_path / "model.gguf"
     model.write_bytes(b"GGUF")
-    engines = process.start(2, fake_server, model, state, log_dir=tmp_path / "logs", wait_s=20)
+    engines = process.start(2, launch(fake_server, model), state, log_dir=tmp_path / "logs", wait_s=20)
     try:
         assert len({e.port for e in engines}) == 2 and all(e.url == f"http://127.0.0.1:{e.port}" for e in engines)
         recorded = json.loads(state.read_text())["engines"]
         assert [r["pid"] for r in recorded] == [e.pid for e in engines]
         assert [e.pid for e in process.running(state)] == [e.pid for e in engines]
-        rows = process.status(state)
+        rows = process.status(state, {"llama.cpp": "llamacpp:prompt_tokens_cached_total"})
         assert [r["prompt_tokens_cached_total"] for r in rows] == [42.0, 42.0]
         assert rows[0]["slots"] == [{"id": 0, "busy": False, "n_ctx": 8192}]
         with pytest.raises(UserError, match="engines already running"):
-            process.start(1, fake_server, model, state, log_dir=tmp_path / "logs")
+            process.start(1, launch(fake_server, model), state, log_dir=tmp_path / "logs")
     finally:
         stopped = process.stop(state)
     assert sorted(e.pid for e in stopped) == sorted(e.pid for e in engines)
@@ -48,29 +56,29 @@ def test_stop_never_kills_a_process_that_reused_a_recorded_pid(fake_server, tmp_
 
 
 def test_an_engine_that_dies_at_start_is_a_clear_error_and_nothing_is_left(fake_server, tmp_path, monkeypatch):
-    real = process.server_command
-    monkeypatch.setattr(process, "server_command", lambda *a, **k: real(*a, **k) + ["--fail"])
+    real = launch(fake_server, tmp_path / "m.gguf")
+    failing = dataclasses.replace(real, command=lambda port: real.command(port) + ["--fail"])
     with pytest.raises(UserError, match=r"exited with status 3 while starting: see .*engine-\d+\.log"):
-        process.start(1, fake_server, tmp_path / "m.gguf", tmp_path / "s.json", log_dir=tmp_path, wait_s=5)
+        process.start(1, failing, tmp_path / "s.json", log_dir=tmp_path, wait_s=5)
     assert not (tmp_path / "s.json").exists()
 
 
 def test_the_command_line_is_local_one_thread_prefix_caching_and_metrics(tmp_path):
-    command = process.server_command(tmp_path / "llama-server", tmp_path / "m.gguf", 8123, slots=2, context=4096)
+    command = llama_cpp.server_command(tmp_path / "llama-server", tmp_path / "m.gguf", 8123, slots=2, context=4096)
     assert command[:3] == [str(tmp_path / "llama-server"), "-m", str(tmp_path / "m.gguf")]
     pairs = dict(zip(command[3::1], command[4::1]))
     assert pairs["--host"] == "127.0.0.1" and pairs["--port"] == "8123" and pairs["-t"] == "1"
     assert pairs["-np"] == "2" and pairs["-c"] == "4096"
     assert "--cache-prompt" in command and "--metrics" in command
     with pytest.raises(UserError, match="engines: 0: allowed 1 to 16"):
-        process.start(0, tmp_path, tmp_path, tmp_path / "s.json", log_dir=tmp_path)
+        process.start(0, launch(Path(__file__), tmp_path / "m"), tmp_path / "s.json", log_dir=tmp_path)
 
 
 def test_terminate_ends_the_engines_in_hand_when_the_state_file_is_gone(fake_server, tmp_path):
     state = tmp_path / "engines.json"
     model = tmp_path / "model.gguf"
     model.write_bytes(b"GGUF")
-    engines = process.start(2, fake_server, model, state, log_dir=tmp_path / "logs", wait_s=20)
+    engines = process.start(2, launch(fake_server, model), state, log_dir=tmp_path / "logs", wait_s=20)
     state.unlink()  # stop(state) alone would find nothing to stop now
     try:
         assert process.stop(state) == []

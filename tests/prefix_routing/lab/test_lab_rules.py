@@ -236,7 +236,7 @@ def test_a_cached_request_marks_its_uncached_tail_as_seen():
     # miss of it later is an eviction, not a first touch.
     ledger = MissLedger()
     ledger.book(["a", "b", "c"], 0, 2, 200, 200, 100, lambda g, rest: 0)
-    assert ledger.as_dict() == {"first_touch": 0, "rekeyed": 0, "routed_away": 0, "evicted": 0}
+    assert ledger.as_dict() == {"last_block": 0, "first_touch": 0, "rekeyed": 0, "routed_away": 0, "evicted": 0}
     ledger.book(["c"], 1, 0, 100, 0, 100, lambda g, rest: 0)
     assert (ledger.first_touch, ledger.evicted) == (0, 100)
 
@@ -283,7 +283,7 @@ def test_a_block_seen_in_the_older_generation_is_still_seen():
 def test_a_rekeyed_miss_is_counted_whole_and_still_marks_the_blocks_seen():
     ledger = MissLedger()
     ledger.book(["a", "b"], 0, 0, 200, 50, 100, lambda g, rest: 0, rekeyed=True)
-    assert ledger.as_dict() == {"first_touch": 0, "rekeyed": 150, "routed_away": 0, "evicted": 0}
+    assert ledger.as_dict() == {"last_block": 0, "first_touch": 0, "rekeyed": 150, "routed_away": 0, "evicted": 0}
     ledger.book(["a", "b"], 1, 0, 200, 0, 100, lambda g, rest: 0)
     assert ledger.evicted == 200 and ledger.first_touch == 0
 
@@ -311,7 +311,7 @@ def test_a_single_uncached_token_is_booked():
     ledger.book(["a"], 0, 0, 1, 0, 100, lambda g, rest: 0)  # a one-token prompt, new
     assert ledger.first_touch == 1
     ledger.book(["a"], 0, 0, 1, 0, 100, lambda g, rest: 0)  # seen, held nowhere: one token evicted
-    assert ledger.as_dict() == {"first_touch": 1, "rekeyed": 0, "routed_away": 0, "evicted": 1}
+    assert ledger.as_dict() == {"last_block": 0, "first_touch": 1, "rekeyed": 0, "routed_away": 0, "evicted": 1}
 
 
 def test_with_every_block_seen_nothing_is_a_first_touch_not_even_tokens_past_the_blocks():

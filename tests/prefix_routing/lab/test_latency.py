@@ -25,15 +25,17 @@ def test_an_idle_copy_gives_the_latency_models_prefill_and_decode_step():
     assert a.per_token_s == pytest.approx(lat.step_s(1, 20_050), rel=1e-12)
     assert a.finish_s == pytest.approx(a.first_token_s + 49 * a.per_token_s, rel=1e-12)
     assert a.cached_tokens == 0 and a.prompt_tokens == 20_000
-    # The same prompt again, while A still runs: all of it cached (40 × 512 > 20,000 is capped at the
-    # prompt), so no new tokens: one step's overhead at batch 1 and A's context, after A's prefill.
+    # The same prompt again, while A still runs: all of it held (40 × 512 > 20,000 is capped at the
+    # prompt), of which vLLM serves whole 16-token blocks short of the last token: floor(19,999 / 16) × 16
+    # = 19,984 cached, 16 new: their prefill at batch 1 and A's context, after A's prefill.
     b = fleet.submit(Request(20_000, 1, blocks), 0.001)
-    assert b.cached_tokens == 20_000
+    assert b.cached_tokens == 19_984
     prefill_free = a.first_token_s - overhead
-    assert b.first_token_s == pytest.approx(prefill_free + lat.prefill_s(0, 20_000, 1, 20_050) + overhead, rel=1e-12)
+    assert b.first_token_s == pytest.approx(prefill_free + lat.prefill_s(16, 19_984, 1, 20_050) + overhead,
+                                            rel=1e-12)
     assert b.finish_s == pytest.approx(b.first_token_s, rel=1e-12)  # one output token: done at the first
     stats = fleet.copy_stats()[0]
-    assert (stats.requests, stats.prompt_tokens, stats.cached_tokens, stats.outstanding) == (2, 40_000, 20_000, 2)
+    assert (stats.requests, stats.prompt_tokens, stats.cached_tokens, stats.outstanding) == (2, 40_000, 19_984, 2)
 
 
 def test_a_timed_out_request_holds_its_place_and_leaves_no_trace_in_the_cache():
@@ -54,7 +56,7 @@ def test_a_cache_that_is_exactly_full_keeps_every_block():
     fleet = Fleet(cfg(instances=1, cache_tokens=4 * 512))  # room for exactly 4 blocks
     fleet.submit(Request(2048, 2, [1, 2, 3, 4]), 0.0)
     again = fleet.submit(Request(2048, 2, [1, 2, 3, 4]), 10.0)
-    assert again.cached_tokens == 2048
+    assert again.cached_tokens == 2032  # all 4 held; vLLM serves floor(2,047 / 16) × 16
     assert fleet.copy_stats()[0].cached_blocks == 4
 
 

@@ -18,7 +18,7 @@ def test_new_blocks_are_first_touch_and_a_partial_last_block_counts_what_it_hold
     ledger = MissLedger()
     # 4 blocks of 100 tokens, the last one partial: 350 tokens, none cached.
     ledger.book(["a", "b", "c", "d"], 0, 0, 350, 0, 100, never_held)
-    assert ledger.as_dict() == {"first_touch": 350, "rekeyed": 0, "routed_away": 0, "evicted": 0}
+    assert ledger.as_dict() == {"last_block": 0, "first_touch": 350, "rekeyed": 0, "routed_away": 0, "evicted": 0}
     # The same prefix and 1.5 new blocks on the same copy: 2 blocks cached, 150 new tokens.
     ledger.book(["a", "b", "x", "y"], 0, 2, 350, 200, 100, never_held)
     assert ledger.first_touch == 500
@@ -73,7 +73,7 @@ def test_the_fleet_counts_a_block_of_the_older_generation_as_evicted_not_first_t
     assert fleet.misses.older == {1, 2, 3, 4} and fleet.misses.seen == set()
     # Blocks 1 and 2 come back: seen before (in the older generation), held by no copy: evicted.
     fleet.submit(Request(prompt_tokens=200, output_tokens=1, blocks=[1, 2]), 2.0)
-    assert fleet.misses.as_dict() == {"first_touch": 400, "rekeyed": 0, "routed_away": 0, "evicted": 200}
+    assert fleet.misses.as_dict() == {"last_block": 0, "first_touch": 400, "rekeyed": 0, "routed_away": 0, "evicted": 200}
 
 
 def _engine_preset(tmp_path):

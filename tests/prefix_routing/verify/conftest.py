@@ -32,7 +32,7 @@ REQUESTS_PER_INSTANCE = ('SELECT SUM(Invocations) FROM SCHEMA("AWS/SageMaker", I
                          f"WHERE InferenceComponentName = '{IC}' GROUP BY InstanceId ORDER BY SUM() DESC")
 ENGINE_ALARM = f"{IC}-engine-metrics-missing"  # the PromQL alarm on the engine's metrics' absence
 ALARMS = ["default-TtftP50-XYZ", "default-Hotspot-XYZ", ENGINE_ALARM]
-ENGINE_ABSENT = ('absent({"vllm:prefix_cache_queries", "aws.sagemaker.inference_component.name"="'
+ENGINE_ABSENT = ('absent({__name__=~"vllm:prefix_cache_queries(_total)?", "aws.sagemaker.inference_component.name"="'
                  f'{IC}"}})')
 #: The ListMetrics calls verify makes, in order (the alarms' metrics, then the dashboard's new ones).
 METRIC_CALLS = [
