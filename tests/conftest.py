@@ -10,9 +10,10 @@ SHARED = ROOT.parent / "shared"
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
-# Fake AWS credentials for every test and subprocess, and a guard that fails any test reaching
-# beyond 127.0.0.1 (tests/network_guard.py).
-pytest_plugins = ["tests.network_guard", "pytester"]
+# Fake AWS credentials for every test and subprocess, a guard that fails any test reaching beyond
+# 127.0.0.1 (tests/network_guard.py), and one that fails the run if an engine a test started is left
+# running at its end (tests/leftover_guard.py).
+pytest_plugins = ["tests.network_guard", "tests.leftover_guard", "pytester"]
 
 # Hypothesis: the same examples on every run by default (CI); HYPOTHESIS_PROFILE=wide for a longer,
 # random search on demand.

@@ -33,11 +33,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--engine-url", required=True, metavar="URL",
                         help="the server, e.g. http://127.0.0.1:8080 (POST URL/v1/chat/completions)")
     parser.add_argument("--out", required=True, metavar="FILE", help="the preset file to write (JSON)")
-    parser.add_argument("--name", help="the preset's name (default: local-llama.cpp-cpu, or local-engine)")
+    parser.add_argument("--name", help="the preset's name (default: local-llama.cpp-cpu, local-vllm-cpu, or "
+                        "local-engine)")
     parser.add_argument("--slots", type=_positive_int,
-                        help="sequences the engine runs at once (default: GET URL/slots)")
+                        help="sequences the engine runs at once (default: GET URL/slots; vLLM does not say: give "
+                             "its --max-num-seqs)")
     parser.add_argument("--context", type=_positive_int, metavar="TOKENS",
-                        help="context tokens per slot (default: n_ctx from GET URL/slots)")
+                        help="context tokens per slot (default: n_ctx from GET URL/slots, or vLLM's max_model_len "
+                             "from GET URL/v1/models)")
     parser.add_argument("--kv-bytes-per-token", type=_positive_int, metavar="B",
                         help="the model's KV bytes per token (default: from /props' model file when it is the "
                         "project's tiny model, else 4096, the 2-layer tiny model's)")
@@ -63,17 +66,22 @@ def run(args) -> int:
         raise UserError(f"--timeout {args.timeout:g}: must be > 0")
     info = calibrate.engine_info(url)
     slots = args.slots or info.slots
-    context = args.context or info.context_per_slot
+    context = args.context or info.context_per_slot or info.max_model_len
     if slots is None or context is None:
-        raise UserError(f"{url}/slots does not say how many slots the engine has and their context: "
-                        "give --slots and --context")
+        said = "a vLLM engine does not say how many sequences it runs at once (--max-num-seqs)" if info.vllm else \
+            f"{url}/slots does not say how many slots the engine has and their context"
+        raise UserError(f"{said}: give --slots" + ("" if context else " and --context"))
     sources = {"slots": "--slots" if args.slots else "GET /slots",
-               "context_per_slot": "--context" if args.context else "GET /slots (n_ctx)"}
+               "context_per_slot": "--context" if args.context else
+               "GET /v1/models (max_model_len)" if info.vllm and not info.context_per_slot else "GET /slots (n_ctx)"}
+    if info.vllm:
+        sources["kv_tokens"] = sources["block_tokens"] = "GET /metrics (vllm:cache_config_info)"
     kv_bytes = args.kv_bytes_per_token
     sources["kv_bytes_per_token"] = "--kv-bytes-per-token"
     if kv_bytes is None:
         kv_bytes = calibrate.kv_bytes_from_model_file(info.model_file)
-        sources["kv_bytes_per_token"] = "GET /props (the tiny model's file name)"
+        sources["kv_bytes_per_token"] = ("GET /v1/models (the tiny model's folder name)" if info.vllm else
+                                         "GET /props (the tiny model's file name)")
     if kv_bytes is None:
         kv_bytes = calibrate.DEFAULT_KV_BYTES_PER_TOKEN
         sources["kv_bytes_per_token"] = "assumed: the project's 2-layer tiny model"
@@ -85,20 +93,25 @@ def run(args) -> int:
     client = calibrate.Client(url, stream=lambda u, body: calibrate.http_stream(u, body, args.timeout),
                               model=info.model)
     measurement = calibrate.measure(client, plan, context_per_slot=context, seed=seed, say=say)
+    name = "local-llama.cpp-cpu" if info.llama_cpp else "local-vllm-cpu" if info.vllm else "local-engine"
+    description = ("local llama.cpp (CPU)" if info.llama_cpp else "local vLLM (CPU)" if info.vllm
+                   else f"OpenAI-compatible engine at {url}")
     content = calibrate.preset_content(
-        measurement, name=args.name or ("local-llama.cpp-cpu" if info.llama_cpp else "local-engine"), url=url,
+        measurement, name=args.name or name, url=url,
         slots=slots, context_per_slot=context, kv_bytes_per_token=kv_bytes,
-        max_batched_tokens=args.max_batched_tokens,
-        description="local llama.cpp (CPU)" if info.llama_cpp else f"OpenAI-compatible engine at {url}",
+        max_batched_tokens=args.max_batched_tokens, description=description,
         model_name=info.model_file or info.model or "unknown", sources=sources,
+        engine_kind="vllm" if info.vllm else "llama.cpp", block_tokens=info.block_tokens, cache_tokens=info.kv_tokens,
     )
     path = write_preset_file(args.out, content)
     if args.json:
         print(json.dumps({"out": str(path), **content.as_json()}, indent=2))
         return 0
     print(report(measurement))
-    print(f"slots {slots} × {context} tokens = {slots * context:,} KV tokens per copy; "
-          f"KV {kv_bytes:,} bytes per token ({sources['kv_bytes_per_token']})")
+    kv_tokens = content.kv_tokens
+    cache = (f"a KV cache of {kv_tokens:,} tokens in blocks of {info.block_tokens}" if info.vllm
+             else f"{slots * context:,} KV tokens per copy")
+    print(f"slots {slots} × {context} tokens, {cache}; KV {kv_bytes:,} bytes per token ({sources['kv_bytes_per_token']})")
     print(f"wrote {path} in {measurement.duration_s:.1f} s: use it with simulate/tune --preset-file {path}")
     return 0
 

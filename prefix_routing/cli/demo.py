@@ -18,8 +18,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     parser.add_argument("--engines", type=int, metavar="N",
-                        help="run the comparison on N real llama.cpp engines instead of the fleet model "
+                        help="run the comparison on N real engines instead of the fleet model "
                              "(engines build first; about 3 minutes with 2)")
+    parser.add_argument("--engine-kind", choices=("llama.cpp", "vllm"), default="llama.cpp",
+                        help="--engines: llama.cpp (default; fresh engines per case) or vllm (the same engines, "
+                             "their prefix caches reset between cases)")
     parser.add_argument("--requests", type=int, default=120, help="--engines: requests per case (default 120)")
 
 
@@ -38,6 +41,8 @@ def run(args) -> int:
         print(f"  {result.workload:18} {result.strategy:13} {result.client:10} done "
               f"({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
 
+    if args.engine_kind != "llama.cpp" and args.engines is None:
+        raise UserError(f"--engine-kind {args.engine_kind}: give --engines N (the fleet model has no engine kind)")
     if args.engines is not None:
         from prefix_routing.cli.demo_engines import EngineDemoSpec, run_engine_demo
 
@@ -45,7 +50,7 @@ def run(args) -> int:
             raise UserError(f"--engines {args.engines}: allowed 1 to 16")
         if not 1 <= args.requests <= 10_000:
             raise UserError(f"--requests {args.requests}: allowed 1 to 10000")
-        spec = EngineDemoSpec(engines=args.engines, requests=args.requests, seed=args.seed,
+        spec = EngineDemoSpec(engines=args.engines, kind=args.engine_kind, requests=args.requests, seed=args.seed,
                               concurrency=min(args.concurrency, 4 * args.engines))
         results = run_engine_demo(spec, progress=progress, say=lambda text: print(text, file=sys.stderr))
     else:

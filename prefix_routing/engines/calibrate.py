@@ -43,6 +43,7 @@ from prefix_routing.stage.presets import LatencyCoefficients
 
 Stream = Callable[[str, dict], Iterator[dict]]  # (url, JSON body) -> the parsed SSE data objects
 Get = Callable[[str], Any]  # url -> parsed JSON, or None when the server has no such endpoint
+GetText = Callable[[str], "str | None"]  # url -> the body as text, or None when there is no such endpoint
 Clock = Callable[[], float]
 
 
@@ -54,6 +55,8 @@ def _kv_bytes(layers: int, hidden: int, shape: ModelShape = ModelShape()) -> int
 #: The project's tiny model (engines/model.py): 2 × 2 layers × 8 KV heads × 64 × 2 bytes = 4,096.
 DEFAULT_KV_BYTES_PER_TOKEN = _kv_bytes(ModelShape().layers, ModelShape().hidden)
 _TINY_MODEL = re.compile(r"tiny-llama-l(\d+)-h(\d+)-f\d+-s\d+\.gguf$")
+_TINY_VLLM_MODEL = re.compile(r"tiny-llama-l(\d+)-h(\d+)-s\d+/?$")
+VLLM_HEADS, VLLM_DTYPE_BYTES = 4, 4  # engines/vllm_model.py: 4 heads (of 64 at hidden 256), float32
 _WORDS = (
     "the of and to in is that for it as was with be by on not he this are or his from at which but have an "
     "they you were her she there one all we their has been if more when will would who so no time year people "
@@ -196,6 +199,20 @@ def http_stream(url: str, body: dict, timeout_s: float = 120.0) -> Iterator[dict
         connection.close()
 
 
+def http_get_text(url: str, timeout_s: float = 10.0) -> str | None:
+    """GET ``url`` as text (a Prometheus exposition); None when the server has no such endpoint."""
+    connection, path = _connect(url, timeout_s)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        body = response.read()
+        return body.decode("utf-8", errors="replace") if response.status == 200 else None
+    except (OSError, http.client.HTTPException) as error:
+        raise UserError(f"calibrate: GET {url} failed: {error}") from None
+    finally:
+        connection.close()
+
+
 def http_get_json(url: str, timeout_s: float = 10.0) -> Any:
     """GET ``url`` as JSON; None when the server has no such endpoint or it is not JSON."""
     connection, path = _connect(url, timeout_s)
@@ -266,16 +283,38 @@ class Client:
 
 @dataclass(frozen=True)
 class EngineInfo:
-    """What the server says about itself (llama.cpp's /slots and /props), or None where it does not."""
+    """What the server says about itself, or None where it does not: llama.cpp's /slots and /props,
+    vLLM's /v1/models (its longest sequence) and its /metrics (``vllm:cache_config_info``: the KV
+    block and the blocks of its cache)."""
 
     slots: int | None = None
     context_per_slot: int | None = None
     model: str | None = None  # the id to send (/v1/models)
-    model_file: str | None = None  # llama.cpp's model_path (/props)
+    model_file: str | None = None  # llama.cpp's model_path (/props); vLLM's model folder (/v1/models' root)
     llama_cpp: bool = False
+    vllm: bool = False
+    block_tokens: int | None = None  # vLLM: tokens per KV block
+    kv_tokens: int | None = None  # vLLM: its KV cache, blocks × block size
+    max_model_len: int | None = None  # vLLM: the longest sequence
 
 
-def engine_info(url: str, get: Get = http_get_json) -> EngineInfo:
+_CACHE_CONFIG = re.compile(r"^vllm:cache_config_info\{([^}]*)\}", re.M)
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def vllm_cache_config(exposition: str | None) -> tuple[int, int] | None:
+    """(block size, blocks) from a vLLM engine's ``vllm:cache_config_info`` gauge, or None."""
+    match = _CACHE_CONFIG.search(exposition or "")
+    if not match:
+        return None
+    labels = dict(_LABEL.findall(match[1]))
+    block, blocks = labels.get("block_size", ""), labels.get("num_gpu_blocks", "")
+    if not (block.isdigit() and blocks.isdigit()) or int(block) == 0:
+        return None
+    return int(block), int(blocks)
+
+
+def engine_info(url: str, get: Get = http_get_json, get_text: GetText = http_get_text) -> EngineInfo:
     slots = get(f"{url}/slots")
     n_slots = n_ctx = None
     if isinstance(slots, list) and slots and all(isinstance(s, dict) and isinstance(s.get("n_ctx"), int)
@@ -284,20 +323,34 @@ def engine_info(url: str, get: Get = http_get_json) -> EngineInfo:
     props = get(f"{url}/props")
     model_file = props.get("model_path") if isinstance(props, dict) else None
     models = get(f"{url}/v1/models")
-    model = None
-    if isinstance(models, dict) and isinstance(models.get("data"), list) and models["data"]:
-        model = models["data"][0].get("id")
+    model = max_len = root = None
+    if isinstance(models, dict) and isinstance(models.get("data"), list) and models["data"] \
+            and isinstance(models["data"][0], dict):
+        first = models["data"][0]
+        model, max_len, root = first.get("id"), first.get("max_model_len"), first.get("root")
+    cache = vllm_cache_config(get_text(f"{url}/metrics"))
+    vllm = cache is not None
+    if vllm and model_file is None and isinstance(root, str):
+        model_file = root
     return EngineInfo(n_slots, n_ctx, model if isinstance(model, str) else None,
                       model_file if isinstance(model_file, str) else None,
-                      llama_cpp=isinstance(props, dict) and "build_info" in props)
+                      llama_cpp=isinstance(props, dict) and "build_info" in props, vllm=vllm,
+                      block_tokens=cache[0] if cache else None, kv_tokens=cache[0] * cache[1] if cache else None,
+                      max_model_len=max_len if vllm and isinstance(max_len, int) and not isinstance(max_len, bool)
+                      else None)
 
 
 def kv_bytes_from_model_file(model_file: str | None) -> int | None:
-    """The project's tiny models name their shape (``tiny-llama-l2-h512-…``); heads as in ModelShape."""
+    """The project's tiny models name their shape: llama.cpp's file (``tiny-llama-l2-h512-…gguf``, heads
+    as in ModelShape, f16) and vLLM's folder (``tiny-llama-l2-h256-s0``, 4 heads, float32)."""
     match = _TINY_MODEL.search(model_file or "")
-    if not match:
-        return None
-    return _kv_bytes(int(match[1]), int(match[2]))
+    if match:
+        return _kv_bytes(int(match[1]), int(match[2]))
+    match = _TINY_VLLM_MODEL.search(model_file or "")
+    if match:
+        layers, hidden = int(match[1]), int(match[2])
+        return 2 * layers * VLLM_HEADS * (hidden // VLLM_HEADS) * VLLM_DTYPE_BYTES
+    return None
 
 
 # ----------------------------------------------------------------------------- the measurement
@@ -411,14 +464,19 @@ def _decode_point(samples: list[Sample]) -> DecodePoint:
 
 def preset_content(measurement: Measurement, *, name: str, url: str, slots: int, context_per_slot: int,
                    kv_bytes_per_token: int, max_batched_tokens: int, description: str, model_name: str,
-                   sources: dict[str, str], date: datetime | None = None) -> PresetFile:
-    """The preset file's content: the coefficients, the engine's shape and what was measured."""
+                   sources: dict[str, str], date: datetime | None = None, engine_kind: str = "llama.cpp",
+                   block_tokens: int | None = None, cache_tokens: int | None = None) -> PresetFile:
+    """The preset file's content: the coefficients, the engine's shape and what was measured (a vLLM
+    engine's block and KV cache in tokens too)."""
     m = measurement
     shape = None
     tiny = _TINY_MODEL.search(model_name)
+    tiny_vllm = _TINY_VLLM_MODEL.search(model_name)
     if tiny and kv_bytes_per_token == kv_bytes_from_model_file(model_name):
         base = ModelShape()
         shape = (int(tiny[1]), base.kv_heads, int(tiny[2]) // base.heads, 2)
+    elif tiny_vllm and kv_bytes_per_token == kv_bytes_from_model_file(model_name):
+        shape = (int(tiny_vllm[1]), VLLM_HEADS, int(tiny_vllm[2]) // VLLM_HEADS, VLLM_DTYPE_BYTES)
     measured = {
         "url": url,
         "date": (date or datetime.now(timezone.utc)).isoformat(timespec="seconds"),
@@ -434,4 +492,5 @@ def preset_content(measurement: Measurement, *, name: str, url: str, slots: int,
         "sources": dict(sources),
     }
     return PresetFile(name, m.coefficients, slots, context_per_slot, kv_bytes_per_token, max_batched_tokens,
-                      description, Path(model_name).name or "unknown", shape, measured)
+                      description, Path(model_name).name or "unknown", shape, measured, engine_kind, block_tokens,
+                      cache_tokens)

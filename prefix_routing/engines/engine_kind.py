@@ -90,6 +90,10 @@ class EngineKind(Protocol):
     def launch(self, options: EngineOptions, *, say: Callable[[str], None] = print) -> Launch:
         """How to start engines with ``options`` (UserError if the kind does not take one of them)."""
 
+    def reset_cache(self, url: str) -> bool:
+        """Empty the prefix cache of the engine at ``url`` (True), or False where the kind cannot (then a
+        cold cache is a new engine)."""
+
 
 def refuse(kind: str, options: EngineOptions, *names: str) -> None:
     """UserError for options the kind ignores, so that a caller never believes one took effect."""

@@ -50,6 +50,10 @@ class LlamaCpp:
     def model(self, *, say: Callable[[str], None] = print) -> Path:
         return build.ensure_model(say=say)
 
+    def reset_cache(self, url: str) -> bool:
+        """llama.cpp's saved states (--cache-ram) cannot be emptied from outside: a cold cache is a new engine."""
+        return False
+
     def launch(self, options: EngineOptions, *, say: Callable[[str], None] = print,
                binary: Path | None = None, model: Path | None = None) -> Launch:
         """``binary`` and ``model``: others than this pin's (tests, stand-ins)."""

@@ -78,7 +78,7 @@ def start_time(pid: int) -> int | None:
     return None if stat is None else stat[3]
 
 
-def _running(pid: int, started: int) -> bool:
+def still_running(pid: int, started: int) -> bool:
     """The process that had ``started`` as its start time still holds ``pid`` (a zombie does not run)."""
     stat = _stat(pid)
     return stat is not None and stat[0] != "Z" and stat[3] == started
@@ -167,7 +167,7 @@ def running(state: Path) -> list[Engine]:
 def _alive(engine: Engine) -> bool:
     """The engine's pid is still the engine: same start time, or (a record without one) same program."""
     if engine.started is not None:
-        return _running(engine.pid, engine.started)
+        return still_running(engine.pid, engine.started)
     try:
         cmdline = Path(f"/proc/{engine.pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
@@ -179,7 +179,7 @@ def _alive(engine: Engine) -> bool:
 def _left(engine: Engine) -> list[int]:
     """The engine's processes still running: itself and its recorded workers."""
     pids = [engine.pid] if _alive(engine) else []
-    return pids + [pid for pid, started in engine.workers if _running(pid, started)]
+    return pids + [pid for pid, started in engine.workers if still_running(pid, started)]
 
 
 def _terminate(engines: list[Engine], grace_s: float = STOP_GRACE_S, wait=()) -> None:

@@ -25,6 +25,9 @@ import math
 import os
 import shutil
 import sys
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -162,6 +165,23 @@ class Vllm:
                           "--seed", str(MODEL_SEED)], root / "install.log", env={**os.environ, **ENVIRONMENT})
         return path
 
+    def reset_cache(self, url: str, *, tries: int = 20, pause_s: float = 0.25) -> bool:
+        """``POST /reset_prefix_cache`` (a development route, on for local engines): every cached block
+        freed. vLLM refuses (``"success": false``) while a request still holds blocks: asked again a few
+        times; False if it never succeeds."""
+        for attempt in range(tries):
+            request = urllib.request.Request(f"{url.rstrip('/')}/reset_prefix_cache", b"", method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    answer = json.loads(response.read() or b"{}")
+            except (urllib.error.URLError, OSError, ValueError) as error:
+                raise UserError(f"{url}: could not reset the prefix cache: {error}") from None
+            if not isinstance(answer, dict) or answer.get("success", True):
+                return True
+            if attempt + 1 < tries:
+                time.sleep(pause_s)
+        return False
+
     def launch(self, options: EngineOptions, *, say: Callable[[str], None] = print) -> Launch:
         refuse(self.name, options, "cache_ram_mib")
         if not self.built():
@@ -198,3 +218,18 @@ class Vllm:
 
         return Launch(self.name, str(python), command, environment, wait_s=START_WAIT_S)
 
+
+
+def prompt_token_ids(url: str, messages: list[dict]) -> list[int]:
+    """The token ids a vLLM engine computes for a chat's prompt (its chat template and generation
+    prompt included): ``POST /tokenize``."""
+    body = json.dumps({"messages": messages, "add_generation_prompt": True}).encode()
+    request = urllib.request.Request(f"{url.rstrip('/')}/tokenize", body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            tokens = json.loads(response.read()).get("tokens")
+    except (urllib.error.URLError, OSError, ValueError, AttributeError) as error:
+        raise UserError(f"{url}/tokenize failed: {error}") from None
+    if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+        raise UserError(f"{url}/tokenize answered no list of token ids")
+    return tokens

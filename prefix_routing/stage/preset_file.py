@@ -13,6 +13,9 @@ The format (``"format": "prefix-routing-preset", "version": 1``)::
     engine.slots             sequences the engine runs at once (llama.cpp: -np): max_num_seqs
     engine.context_per_slot  tokens per slot (llama.cpp: -c / -np); slots × this = KV tokens per copy
     engine.max_batched_tokens  tokens per engine step (llama.cpp's -b, default 2048): the prefill chunk
+    engine.kind              optional: "llama.cpp" (default) or "vllm", the engine that was measured
+    engine.block_tokens      optional (vLLM): tokens per KV block; cached tokens are whole blocks of it
+    engine.kv_tokens         optional (vLLM): its KV cache in tokens (default slots × context_per_slot)
     model.name, model.kv_bytes_per_token, optionally model.layers/kv_heads/head_dim/dtype_bytes
     latency.{prefill_constant_s, prefill_s_per_token, attention_s_per_token_pair,
              step_base_s, step_s_per_context_token}   the fit's a, b, c, d, e (seconds)
@@ -31,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from prefix_routing.rules.errors import UserError
-from prefix_routing.stage.presets import Gpu, Instance, LatencyCoefficients, Model, Preset
+from prefix_routing.stage.presets import VLLM_GPU_BLOCK_TOKENS, Gpu, Instance, LatencyCoefficients, Model, Preset
 
 FORMAT = "prefix-routing-preset"
 VERSION = 1
@@ -42,7 +45,9 @@ DECODE_CONTEXT_TOKENS = 2048
 PREFILL_PROMPT_TOKENS = 4096
 
 _TOP = ("format", "version", "name", "engine", "model", "latency", "measured")
-_ENGINE = ("description", "slots", "context_per_slot", "max_batched_tokens")
+_ENGINE = ("description", "slots", "context_per_slot", "max_batched_tokens", "kind", "block_tokens", "kv_tokens")
+#: The kinds of local engine (``engines start --kind``) a preset file may come from.
+ENGINE_KINDS = ("llama.cpp", "vllm")
 _MODEL = ("name", "kv_bytes_per_token", "layers", "kv_heads", "head_dim", "dtype_bytes")
 _SHAPE = ("layers", "kv_heads", "head_dim", "dtype_bytes")
 _LATENCY = ("prefill_constant_s", "prefill_s_per_token", "attention_s_per_token_pair", "step_base_s",
@@ -70,10 +75,14 @@ class PresetFile:
     model_name: str = "unknown"
     model_shape: tuple[int, int, int, int] | None = None  # layers, kv_heads, head_dim, dtype_bytes
     measured: dict[str, Any] | None = field(default=None, compare=False)
+    engine_kind: str = ENGINE_KINDS[0]
+    block_tokens: int | None = None  # vLLM: tokens per KV block
+    cache_tokens: int | None = None  # vLLM: its KV cache in tokens (its blocks × block_tokens)
 
     @property
     def kv_tokens(self) -> int:
-        return self.slots * self.context_per_slot
+        """The engine's KV cache in tokens: vLLM's blocks, else llama.cpp's slots × their context."""
+        return self.cache_tokens if self.cache_tokens is not None else self.slots * self.context_per_slot
 
     def as_json(self) -> dict[str, Any]:
         model: dict[str, Any] = {"name": self.model_name, "kv_bytes_per_token": self.kv_bytes_per_token}
@@ -84,7 +93,10 @@ class PresetFile:
             "version": VERSION,
             "name": self.name,
             "engine": {"description": self.description, "slots": self.slots,
-                       "context_per_slot": self.context_per_slot, "max_batched_tokens": self.max_batched_tokens},
+                       "context_per_slot": self.context_per_slot, "max_batched_tokens": self.max_batched_tokens,
+                       "kind": self.engine_kind,
+                       **({"block_tokens": self.block_tokens} if self.block_tokens is not None else {}),
+                       **({"kv_tokens": self.cache_tokens} if self.cache_tokens is not None else {})},
             "model": model,
             "latency": {key: getattr(self.coefficients, key) for key in _LATENCY},
         }
@@ -164,6 +176,7 @@ def to_preset(content: PresetFile) -> Preset:
         kv_tokens_override=content.kv_tokens,
         max_num_seqs_override=content.slots,
         max_batched_tokens_override=content.max_batched_tokens,
+        engine_block_tokens=content.block_tokens or VLLM_GPU_BLOCK_TOKENS,
     )
 
 
@@ -182,6 +195,13 @@ def parse_preset_document(document: Any, source: str) -> PresetFile:
     batched = check.integer("engine.max_batched_tokens", engine.get("max_batched_tokens", DEFAULT_MAX_BATCHED_TOKENS),
                             1, 10**9)
     description = check.text("engine.description", engine.get("description", DEFAULT_DESCRIPTION))
+    kind = engine.get("kind", ENGINE_KINDS[0])
+    if kind not in ENGINE_KINDS:
+        check.fail("engine.kind", kind, f"must be one of {', '.join(ENGINE_KINDS)}")
+    block = engine.get("block_tokens")
+    block = None if block is None else check.integer("engine.block_tokens", block, 1, 4096)
+    cache = engine.get("kv_tokens")
+    cache = None if cache is None else check.integer("engine.kv_tokens", cache, 1, 10**12)
     model = check.object("model", top["model"], _MODEL, required=("name", "kv_bytes_per_token"))
     model_name = check.text("model.name", model["name"])
     kv_bytes = check.integer("model.kv_bytes_per_token", model["kv_bytes_per_token"], 2, 10**9)
@@ -195,7 +215,8 @@ def parse_preset_document(document: Any, source: str) -> PresetFile:
     measured = top.get("measured")
     if measured is not None:
         _check_measured(check, measured)
-    return PresetFile(name, coefficients, slots, context, kv_bytes, batched, description, model_name, shape, measured)
+    return PresetFile(name, coefficients, slots, context, kv_bytes, batched, description, model_name, shape, measured,
+                      kind, block, cache)
 
 
 def _shape(check: "_Checker", model: dict, kv_bytes: int) -> tuple[int, int, int, int] | None:

@@ -212,12 +212,12 @@ def test_engine_info_reads_llama_cpp_slots_props_and_models():
         "http://e/props": {"build_info": "b1", "model_path": "/cache/models/tiny-llama-l4-h512-f1408-s0.gguf"},
         "http://e/v1/models": {"data": [{"id": "tiny"}]},
     }
-    info = calibrate.engine_info("http://e", answers.get)
+    info = calibrate.engine_info("http://e", answers.get, lambda url: None)
     assert (info.slots, info.context_per_slot, info.model, info.llama_cpp) == (2, 4096, "tiny", True)
     assert calibrate.kv_bytes_from_model_file(info.model_file) == 2 * 4 * 8 * 64 * 2
     assert calibrate.kv_bytes_from_model_file("llama-3-8b.gguf") is None
     assert calibrate.DEFAULT_KV_BYTES_PER_TOKEN == 4096
-    bare = calibrate.engine_info("http://e", lambda url: None)
+    bare = calibrate.engine_info("http://e", lambda url: None, lambda url: None)
     assert (bare.slots, bare.context_per_slot, bare.model, bare.llama_cpp) == (None, None, None, False)
 
 

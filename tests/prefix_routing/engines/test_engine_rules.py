@@ -57,7 +57,7 @@ def test_engine_info_reads_slots_props_and_the_first_model():
     get, asked = answers(slots=[{"id": 0, "n_ctx": 4096}, {"id": 1, "n_ctx": 2048}],
                          props={"model_path": "/m/tiny.gguf", "build_info": "b1"},
                          models={"data": [{"id": "tiny"}, {"id": "other"}]})
-    info = calibrate.engine_info("http://e", get)
+    info = calibrate.engine_info("http://e", get, lambda url: None)
     assert (info.slots, info.context_per_slot, info.model, info.model_file, info.llama_cpp) == (
         2, 2048, "tiny", "/m/tiny.gguf", True)
     assert asked == ["http://e/slots", "http://e/props", "http://e/v1/models"]
@@ -71,13 +71,13 @@ def test_engine_info_reads_slots_props_and_the_first_model():
     ("slots", {"model_path": None}, {"object": "list"}),
 ])
 def test_engine_info_keeps_only_what_is_well_formed(slots, props, models):
-    info = calibrate.engine_info("http://e", answers(slots, props, models)[0])
+    info = calibrate.engine_info("http://e", answers(slots, props, models)[0], lambda url: None)
     assert (info.slots, info.context_per_slot, info.model, info.model_file) == (None, None, None, None)
     assert info.llama_cpp is False
 
 
 def test_a_server_with_props_but_no_build_info_is_not_llama_cpp():
-    info = calibrate.engine_info("http://e", answers(props={"model_path": "/m/x.gguf"})[0])
+    info = calibrate.engine_info("http://e", answers(props={"model_path": "/m/x.gguf"})[0], lambda url: None)
     assert info.model_file == "/m/x.gguf" and info.llama_cpp is False
 
 
