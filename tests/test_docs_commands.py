@@ -21,8 +21,9 @@ What the test changes, all of it listed here and in docs/development.md:
 - ``../shared/traces/`` is read where it is beside the clone; elsewhere the trace slice in
   ``tests/data/`` takes its place (a failure instead with ``PREFIX_ROUTING_REQUIRE_SHARED=1``);
 - the engines' commands run on an engine cache of their own that links the built ``llama-server``
-  and model (skipped without a build, a failure with ``PREFIX_ROUTING_REQUIRE_ENGINES=1``), so that
-  ``engines stop`` stops exactly what this test's ``engines start`` started;
+  and model and the installed vLLM (skipped without them, a failure with
+  ``PREFIX_ROUTING_REQUIRE_ENGINES=1``), so that ``engines stop`` stops exactly what this test's
+  ``engines start`` started, and whatever a command leaves recorded there is stopped at the end;
 - inputs a reader is expected to have are provided: ``request.json`` (the README's "Before" body,
   also every command's standard input),
   ``engine.json`` (a preset with docs/lab.md's calibrated coefficients, replaced by ``calibrate``'s
@@ -51,6 +52,7 @@ REQUIRE_SHARED = os.environ.get("PREFIX_ROUTING_REQUIRE_SHARED") == "1"
 REQUIRE_ENGINES = os.environ.get("PREFIX_ROUTING_REQUIRE_ENGINES") == "1"
 PAGES = ["README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))]
 TIMEOUT_S = 240  # per command; the slowest, tune on the whole trace, takes about 20 s on an idle machine
+VLLM_TIMEOUT_S = 600  # a command that starts vLLM engines: 25-90 s each to start, more on a loaded machine
 
 #: Commands that are shown but not run here, with the reason.
 NOT_RUN = {
@@ -87,8 +89,9 @@ PLACEHOLDERS = {"TRACE": SLICE, "NAME": "default", "LOG.jsonl": "requests.jsonl"
 ENGINE_URLS = ("URL", "http://127.0.0.1:8000")
 #: Where every AWS client of a command goes unless the command names its own endpoint: nowhere.
 UNREACHABLE_AWS = "http://127.0.0.1:9"
-#: Commands that start, stop or call llama.cpp engines.
+#: Commands that start, stop or call real engines; of them, those that need vLLM installed too.
 NEEDS_ENGINES = re.compile(r"prefix_routing engines |--engines\b|--engine-url\b|prefix_routing calibrate\b|bench_fidelity")
+NEEDS_VLLM = re.compile(r"--(engine-)?kind vllm\b")
 #: Files a reader is expected to have, and the command of the documentation that writes each.
 WRITTEN_BY = {"requests.jsonl": f"python -m prefix_routing log --trace {SLICE} --out requests.jsonl"}
 #: docs/lab.md, "Calibrating against a real engine", in seconds: prompt ms ≈ 22.4 + 0.185·n_new +
@@ -199,8 +202,9 @@ def workdir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
-    """An engine cache of this test's own (linking the built server and model) and one running engine."""
-    from prefix_routing.engines import build, process, session
+    """An engine cache of this test's own (linking the built server and model, and vLLM's pin where it is
+    installed) and one running llama.cpp engine; every engine recorded there is stopped at the end."""
+    from prefix_routing.engines import build, process, session, vllm
     from prefix_routing.engines.engine_kind import EngineOptions
     from prefix_routing.engines.llama_cpp import LlamaCpp
 
@@ -216,6 +220,12 @@ def engines(tmp_path_factory):
     for name in ("bin", "models", "vocab", "BUILD_INFO.json"):
         if (real / name).exists():
             (own / name).symlink_to(real / name)
+    real_vllm = vllm.cache_root()
+    if session.built("vllm"):
+        own_vllm = xdg / real_vllm.relative_to(real_vllm.parents[2])
+        own_vllm.mkdir(parents=True)
+        for name in ("venv", "models", "INSTALLED.json"):
+            (own_vllm / name).symlink_to(real_vllm / name)
     run = own / "run"
     state = run / "test-fixture.json"
     launch = LlamaCpp().launch(EngineOptions(), binary=own / "bin" / "llama-server", model=build.model_path(real))
@@ -223,7 +233,8 @@ def engines(tmp_path_factory):
     try:
         yield xdg, engine.url
     finally:
-        for recorded in run.glob("*.json"):  # ours, and whatever a command left recorded there
+        # ours, and whatever a command left recorded in this cache (every kind)
+        for recorded in (xdg / "prefix-routing" / "engines").glob("*/run/*.json"):
             process.stop(recorded)
 
 
@@ -261,6 +272,14 @@ def test_the_command_runs_as_written(command, workdir, request):
     if NEEDS_ENGINES.search(command.text):
         xdg, engine_url = request.getfixturevalue("engines")
         env["XDG_CACHE_HOME"] = str(xdg)
+        if NEEDS_VLLM.search(command.text):
+            from prefix_routing.engines import session
+
+            if not session.built("vllm"):
+                if REQUIRE_ENGINES:
+                    pytest.fail("vLLM is not installed (make engines) and PREFIX_ROUTING_REQUIRE_ENGINES=1",
+                                pytrace=False)
+                pytest.skip("vLLM is not installed (make engines)")
     shell = _shell_command(command, engine_url)
     for name, writer in WRITTEN_BY.items():
         if re.search(rf"(?<=\s){re.escape(name)}(?=\s|$)", shell) and writer != shell and not (workdir / name).exists():
@@ -268,7 +287,8 @@ def test_the_command_runs_as_written(command, workdir, request):
                                   timeout=TIMEOUT_S)
             assert made.returncode == 0, f"{writer} (writes {name}) failed:\n{made.stderr[-3000:]}"
     result = subprocess.run(["bash", "-c", shell], cwd=workdir, env=env, input=(workdir / "request.json").read_text(),
-                            capture_output=True, text=True, timeout=TIMEOUT_S)
+                            capture_output=True, text=True,
+                            timeout=VLLM_TIMEOUT_S if NEEDS_VLLM.search(command.text) else TIMEOUT_S)
     report = f"{command.where}: {shell}\nexit status {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
     assert "Traceback (most recent call last)" not in result.stderr, report
     if command.expected is not None:

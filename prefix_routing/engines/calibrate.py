@@ -304,14 +304,15 @@ _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 def vllm_cache_config(exposition: str | None) -> tuple[int, int] | None:
     """(block size, blocks) from a vLLM engine's ``vllm:cache_config_info`` gauge, or None."""
-    match = _CACHE_CONFIG.search(exposition or "")
+    match = _CACHE_CONFIG.search(exposition) if exposition else None
     if not match:
         return None
     labels = dict(_LABEL.findall(match[1]))
-    block, blocks = labels.get("block_size", ""), labels.get("num_gpu_blocks", "")
-    if not (block.isdigit() and blocks.isdigit()) or int(block) == 0:
+    try:
+        block, blocks = int(labels["block_size"]), int(labels["num_gpu_blocks"])
+    except (KeyError, ValueError):
         return None
-    return int(block), int(blocks)
+    return (block, blocks) if block > 0 and blocks >= 0 else None
 
 
 def engine_info(url: str, get: Get = http_get_json, get_text: GetText = http_get_text) -> EngineInfo:
@@ -343,10 +344,12 @@ def engine_info(url: str, get: Get = http_get_json, get_text: GetText = http_get
 def kv_bytes_from_model_file(model_file: str | None) -> int | None:
     """The project's tiny models name their shape: llama.cpp's file (``tiny-llama-l2-h512-…gguf``, heads
     as in ModelShape, f16) and vLLM's folder (``tiny-llama-l2-h256-s0``, 4 heads, float32)."""
-    match = _TINY_MODEL.search(model_file or "")
+    if not model_file:
+        return None
+    match = _TINY_MODEL.search(model_file)
     if match:
         return _kv_bytes(int(match[1]), int(match[2]))
-    match = _TINY_VLLM_MODEL.search(model_file or "")
+    match = _TINY_VLLM_MODEL.search(model_file)
     if match:
         layers, hidden = int(match[1]), int(match[2])
         return 2 * layers * VLLM_HEADS * (hidden // VLLM_HEADS) * VLLM_DTYPE_BYTES

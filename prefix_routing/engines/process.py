@@ -28,6 +28,7 @@ from prefix_routing.rules.errors import UserError
 
 MAX_ENGINES = 16
 STOP_GRACE_S = 30.0  # vLLM shuts its workers down in a few seconds; llama.cpp at once
+KILL_WAIT_S = 10.0  # after SIGKILL, until the kernel has ended them
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,33 +183,37 @@ def _left(engine: Engine) -> list[int]:
     return pids + [pid for pid, started in engine.workers if still_running(pid, started)]
 
 
-def _terminate(engines: list[Engine], grace_s: float = STOP_GRACE_S, wait=()) -> None:
+def _terminate(engines: list[Engine], grace_s: float | None = None, wait=()) -> None:
     """SIGTERM to each engine still running, then SIGKILL to whatever of them and their workers is
-    left after ``grace_s``. ``wait``: our own children's ``wait`` (reaped, or they stay zombies)."""
+    left after ``grace_s`` (default STOP_GRACE_S), and a wait until they are gone. ``wait``: our own
+    children's ``wait`` (reaped, or they stay zombies)."""
     for engine in engines:
         if _alive(engine):
             _signal(engine.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_left(e) for e in engines):
-        for engine in engines:
-            try:
-                os.waitpid(engine.pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-        time.sleep(0.1)
+    _wait_gone(engines, STOP_GRACE_S if grace_s is None else grace_s)
     for engine in engines:
         for pid in _left(engine):
             _signal(pid, signal.SIGKILL)
+    _wait_gone(engines, KILL_WAIT_S)
     for reap in wait:
         try:
             reap(10)
         except subprocess.TimeoutExpired:
             pass
-    for engine in engines:
-        try:
-            os.waitpid(engine.pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
+
+
+def _wait_gone(engines: list[Engine], seconds: float) -> None:
+    """Until none of ``engines`` or their workers runs, or ``seconds`` pass; reaps those that are our children."""
+    deadline = time.monotonic() + seconds
+    while True:
+        for engine in engines:
+            try:
+                os.waitpid(engine.pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        if not any(_left(e) for e in engines) or time.monotonic() >= deadline:
+            return
+        time.sleep(0.1)
 
 
 def _signal(pid: int, signum: int) -> None:
@@ -259,6 +264,6 @@ def status(state: Path, counters: dict[str, str]) -> list[dict]:
 
 def counter_value(exposition: str, name: str) -> float | None:
     """The sum of a counter's samples in Prometheus text (every label set), or None when it has none."""
-    values = [float(line.rsplit(None, 1)[-1]) for line in exposition.splitlines()
+    values = [float(line.split()[-1]) for line in exposition.splitlines()
               if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " ")]
     return sum(values) if values else None

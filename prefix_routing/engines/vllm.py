@@ -165,21 +165,23 @@ class Vllm:
                           "--seed", str(MODEL_SEED)], root / "install.log", env={**os.environ, **ENVIRONMENT})
         return path
 
-    def reset_cache(self, url: str, *, tries: int = 20, pause_s: float = 0.25) -> bool:
+    def reset_cache(self, url: str, *, tries: int = 20, pause_s: float = 0.25,
+                    sleep: Callable[[float], None] = time.sleep) -> bool:
         """``POST /reset_prefix_cache`` (a development route, on for local engines): every cached block
-        freed. vLLM refuses (``"success": false``) while a request still holds blocks: asked again a few
-        times; False if it never succeeds."""
+        freed. vLLM refuses (``"success": false``) while a request still holds blocks: asked again,
+        ``tries`` times in all, ``pause_s`` apart; False if it never succeeds."""
         for attempt in range(tries):
+            if attempt:
+                sleep(pause_s)
             request = urllib.request.Request(f"{url.rstrip('/')}/reset_prefix_cache", b"", method="POST")
             try:
                 with urllib.request.urlopen(request, timeout=30) as response:
-                    answer = json.loads(response.read() or b"{}")
+                    body = response.read()
+                answer = json.loads(body) if body.strip() else {}
             except (urllib.error.URLError, OSError, ValueError) as error:
                 raise UserError(f"{url}: could not reset the prefix cache: {error}") from None
-            if not isinstance(answer, dict) or answer.get("success", True):
+            if not isinstance(answer, dict) or answer.get("success") is not False:
                 return True
-            if attempt + 1 < tries:
-                time.sleep(pause_s)
         return False
 
     def launch(self, options: EngineOptions, *, say: Callable[[str], None] = print) -> Launch:

@@ -29,8 +29,9 @@ from prefix_routing.rules.limits import MAX_PATTERN
 from prefix_routing.rules.tenant_match import first_match, is_pattern  # noqa: F401 - first_match: part of this rule's interface
 
 #: Per serving framework: does ``cache_salt`` isolate tenants inside one copy? vLLM mixes the salt
-#: into the first block's hash for the chat and completions bodies it accepts; LMI's bodies carry
-#: no salt (the front door removes a client's); llama.cpp's server has no salt at all.
+#: into the first block's hash for the chat and completions bodies it accepts (shown on a real vLLM
+#: engine through the front door: tests/test_vllm_engines.py); LMI's bodies carry no salt (the front
+#: door removes a client's); llama.cpp's server has no salt at all.
 SALT_ISOLATES: Final[Mapping[str, bool]] = {"vllm": True, "djl-lmi": False, "llama.cpp": False}
 UNKNOWN_TENANT_MODES: Final = ("default", "refuse")
 #: The most domains a stage names (each is an inference component with its own copies) and the most

@@ -66,6 +66,17 @@ def test_calibrate_without_slots_information_says_which_options_to_give(capsys, 
     assert err.count("\n") == 1 and not (tmp_path / "p.json").exists()
 
 
+def test_calibrate_on_vllm_asks_for_its_sequences_and_takes_its_longest_sequence(capsys, tmp_path, monkeypatch):
+    from prefix_routing.engines import calibrate
+
+    info = calibrate.EngineInfo(model="tiny-llama", vllm=True, block_tokens=32, kv_tokens=12_288, max_model_len=4096)
+    monkeypatch.setattr(calibrate, "engine_info", lambda url: info)
+    code, _, err = run(capsys, "calibrate", "--engine-url", "http://127.0.0.1:9", "--out", tmp_path / "p.json")
+    assert code == 2 and err.count("\n") == 1
+    assert "a vLLM engine does not say how many sequences it runs at once (--max-num-seqs): give --slots" in err
+    assert "--context" not in err  # its max_model_len is the context
+
+
 def test_simulate_with_a_preset_file_gives_the_hand_computed_ttft(capsys, preset_file):
     # One request on an idle copy: TTFT = a + b·n + c·n²/2 + one step per 2,048-token chunk + 15 ms.
     n = long_context_workload(LongContextSpec(), seed=0).prompt_tokens[0]

@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from prefix_routing.cli.demo_engines import EngineDemoSpec, engine_items, predicted_case
+from dataclasses import replace
+
+from prefix_routing.cli.demo_engines import EngineDemoSpec, engine_items, predicted_case, predicted_vllm_case
 from prefix_routing.stage.preset_file import PresetFile, load_preset_file, write_preset_file
 from prefix_routing.stage.presets import LatencyCoefficients
 from tests.prefix_routing.cli.test_lab_commands import run
@@ -49,8 +51,30 @@ def test_with_one_engine_routing_changes_nothing(preset):
     assert hits["RANDOM"] == hits["PREFIX_AWARE"] > 0.5
 
 
+def test_a_vllm_prediction_follows_the_engines_blocks_and_its_cache(preset):
+    """Token ids of the engine's own (here: made up, 3,200 a prompt, the first 3,000 the prefix's): one
+    engine, one prefix, every repeat serves the prefix's whole blocks of 32 (93 blocks: 2,976 tokens)."""
+    spec = EngineDemoSpec(kind="vllm", engines=1, prefixes=1, requests=6, concurrency=1)
+    items = engine_items(spec)
+    n = len(items)
+    assert n >= 3
+    prefix = list(range(3000))
+    token_ids = [prefix + [100_000 + 200 * i + j for j in range(200)] for i in range(n)]
+    case = predicted_vllm_case(items, "PREFIX_AWARE", "normalized", spec, preset, token_ids)
+    assert case.hit_rate == pytest.approx((n - 1) * 2976 / (n * 3200))
+    # A cache of 92 blocks (2,944 tokens): a prompt's tail is evicted first, its first 92 blocks stay.
+    small = predicted_vllm_case(items, "PREFIX_AWARE", "normalized", replace(spec, cache_tokens=2944), preset,
+                                token_ids)
+    assert small.hit_rate == pytest.approx((n - 1) * 2944 / (n * 3200))
+    assert spec.engine_options() == {"kind": "vllm", "slots": 1, "context": 4096, "cache_tokens": 12_288,
+                                     "block_size": 32}
+    assert EngineDemoSpec().engine_options() == {"kind": "llama.cpp", "slots": 1, "cache_ram_mib": 40}
+
+
 def test_demo_engines_refuses_bad_counts(capsys):
     code, _, err = run(capsys, "demo", "--engines", "0")
     assert code == 2 and "--engines 0: allowed 1 to 16" in err
     code, _, err = run(capsys, "demo", "--engines", "2", "--requests", "0")
     assert code == 2 and "--requests 0: allowed 1 to 10000" in err
+    code, _, err = run(capsys, "demo", "--engine-kind", "vllm")
+    assert code == 2 and "--engine-kind vllm: give --engines N" in err

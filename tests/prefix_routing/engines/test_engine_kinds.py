@@ -58,6 +58,26 @@ def test_llama_cpp_refuses_vllms_options_and_a_missing_binary(tmp_path):
     assert LlamaCpp().reset_cache("http://127.0.0.1:1") is False  # its saved states: a new engine instead
 
 
+def test_llama_cpp_launches_its_server_with_the_callers_options_and_this_pins_model(tmp_path, monkeypatch):
+    from prefix_routing.engines import build
+
+    binary = tmp_path / "llama-server"
+    binary.write_text("")
+    asked = []
+    monkeypatch.setattr(build, "ensure_model", lambda say: asked.append(say) or tmp_path / "pin.gguf")
+    monkeypatch.setattr(build, "binary_path", lambda root=None: binary)
+    said: list = []
+    launch = LlamaCpp().launch(EngineOptions(slots=3, context=4096, threads=2, cache_ram_mib=40), say=said.append)
+    assert asked == [said.append]  # the model of this pin, made with the caller's progress
+    values, bare = flags(launch.command(8123)[1:])
+    assert launch.command(8123)[0] == str(binary)
+    assert values == {"-m": str(tmp_path / "pin.gguf"), "--host": "127.0.0.1", "--port": "8123", "-t": "2",
+                      "-tb": "2", "-np": "3", "-c": "4096", "--cache-ram": "40"}
+    assert (launch.kind, launch.program, launch.environment, launch.wait_s) == ("llama.cpp", str(binary), {}, 60.0)
+    other = LlamaCpp().launch(EngineOptions(), say=said.append, binary=binary, model=tmp_path / "other.gguf")
+    assert flags(other.command(1)[1:])[0]["-m"] == str(tmp_path / "other.gguf") and len(asked) == 1
+
+
 # ----------------------------------------------------------------------------- vLLM: the pin and its cache
 
 
@@ -119,6 +139,38 @@ def test_an_install_on_a_machine_without_avx2_is_refused_before_anything_is_made
     assert not (tmp_path / "prefix-routing").exists()
 
 
+def test_the_install_is_the_stamp_and_the_interpreter_both(installed):
+    (installed / "INSTALLED.json").unlink()
+    assert Vllm().built() is False  # an install cut short: no stamp
+    (installed / "INSTALLED.json").write_text("{}")
+    (installed / "venv" / "bin" / "python").unlink()
+    assert Vllm().built() is False
+    (installed / "venv" / "bin" / "python").write_text("")
+    assert Vllm().built() is True
+
+
+def test_a_missing_model_is_made_by_the_pins_interpreter_with_the_callers_progress(installed, monkeypatch):
+    from prefix_routing.engines import build
+
+    import shutil
+
+    shutil.rmtree(vllm.model_path(installed))
+    ran = []
+
+    def run_logged(command, log, *args, **kwargs):
+        ran.append(command)
+        vllm.model_path(installed).mkdir(parents=True)
+        (vllm.model_path(installed) / "config.json").write_text("{}")
+
+    monkeypatch.setattr(build, "run_logged", run_logged)
+    said: list = []
+    Vllm().launch(EngineOptions(), say=said.append)
+    assert said == ["making tiny-llama-l2-h256-s0 (a tokenizer trained here, random weights, seed 0) ..."]
+    (command,) = ran
+    assert command[0] == str(installed / "venv" / "bin" / "python") and command[1].endswith("vllm_model.py")
+    assert command[2:] == [str(vllm.model_path(installed)), "--seed", "0"]
+
+
 def test_an_installed_pin_is_not_installed_again(installed):
     said = []
     assert Vllm().build(say=said.append) == installed / "venv" / "bin" / "python"
@@ -172,10 +224,12 @@ def test_a_large_cache_gets_the_gibibytes_it_needs(installed):
 
 
 def test_vllm_refuses_what_it_cannot_take(installed):
-    with pytest.raises(UserError, match=r"block_size 48: vLLM on CPUs takes multiples of 32"):
+    with pytest.raises(UserError, match=r"^engine block_size 48: vLLM on CPUs takes multiples of 32 "
+                                        r"\(32, 64, 96, 128, ...\)$"):
         Vllm().launch(EngineOptions(block_size=48), say=print)
     with pytest.raises(UserError, match=r"cache_tokens 4000: fewer than one sequence of the context \(4096 tokens, "
-                                        r"whole blocks of 128\)"):
+                                        r"whole blocks of 128\); vLLM needs room for one: lower the context or raise "
+                                        r"the cache$"):
         Vllm().launch(EngineOptions(cache_tokens=4000, context=4096), say=print)
     with pytest.raises(UserError, match="cache_ram_mib .*: not an option of vllm engines"):
         Vllm().launch(EngineOptions(cache_ram_mib=40), say=print)
@@ -188,10 +242,12 @@ def test_vllm_refuses_what_it_cannot_take(installed):
 class _StandIn(BaseHTTPRequestHandler):
     answers: list = []
     asked: list = []
+    headers_seen: list = []
 
     def do_POST(self):  # noqa: N802
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         type(self).asked.append((self.path, body))
+        type(self).headers_seen.append(dict(self.headers))
         status, payload = type(self).answers.pop(0)
         self.send_response(status)
         self.end_headers()
@@ -203,7 +259,7 @@ class _StandIn(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def stand_in():
-    _StandIn.answers, _StandIn.asked = [], []
+    _StandIn.answers, _StandIn.asked, _StandIn.headers_seen = [], [], []
     server = ThreadingHTTPServer(("127.0.0.1", 0), _StandIn)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -213,26 +269,41 @@ def stand_in():
 
 
 def test_a_cache_reset_is_asked_again_while_the_engine_refuses_it(stand_in):
+    slept = []
     _StandIn.answers = [(200, b'{"success":false}'), (200, b'{"success":false}'), (200, b'{"success":true}')]
-    assert Vllm().reset_cache(stand_in, pause_s=0.01) is True
-    assert [path for path, _ in _StandIn.asked] == ["/reset_prefix_cache"] * 3
+    assert Vllm().reset_cache(stand_in + "/", pause_s=0.5, sleep=slept.append) is True  # a trailing / is fine
+    assert [path for path, _ in _StandIn.asked] == ["/reset_prefix_cache"] * 3 and slept == [0.5, 0.5]
+    assert {headers.get("Content-Length") for headers in _StandIn.headers_seen} == {"0"}  # a POST, no body
+    slept.clear()
     _StandIn.answers = [(200, b'{"success":false}')] * 3
-    assert Vllm().reset_cache(stand_in, tries=3, pause_s=0.01) is False
+    assert Vllm().reset_cache(stand_in, tries=3, pause_s=0.5, sleep=slept.append) is False
+    assert slept == [0.5, 0.5]  # between the tries, not after the last
+
+
+@pytest.mark.parametrize("answer", [b"", b"{}", b'{"success":true}', b"true", b"  "])
+def test_a_reset_that_is_not_refused_is_done(stand_in, answer):
+    _StandIn.answers = [(200, answer)]
+    assert Vllm().reset_cache(stand_in, tries=1) is True
 
 
 def test_a_cache_reset_the_engine_does_not_serve_is_a_user_error(stand_in):
     _StandIn.answers = [(404, b'{"detail":"Not Found"}')]
-    with pytest.raises(UserError, match="could not reset the prefix cache"):
+    with pytest.raises(UserError, match=rf"^{stand_in}: could not reset the prefix cache: HTTP Error 404"):
         Vllm().reset_cache(stand_in)
 
 
 def test_the_prompts_tokens_are_the_engines_own(stand_in):
-    _StandIn.answers = [(200, json.dumps({"count": 3, "tokens": [5, 6, 7]}).encode()), (200, b'{"tokens":"no"}')]
-    assert vllm.prompt_token_ids(stand_in, [{"role": "user", "content": "hi"}]) == [5, 6, 7]
+    _StandIn.answers = [(200, json.dumps({"count": 3, "tokens": [5, 6, 7]}).encode()), (200, b'{"tokens":"no"}'),
+                        (200, b'{"tokens":[1,"x"]}'), (500, b"")]
+    assert vllm.prompt_token_ids(stand_in + "/", [{"role": "user", "content": "hi"}]) == [5, 6, 7]
     path, body = _StandIn.asked[0]
     assert path == "/tokenize" and json.loads(body) == {"messages": [{"role": "user", "content": "hi"}],
                                                        "add_generation_prompt": True}
-    with pytest.raises(UserError, match="answered no list of token ids"):
+    assert _StandIn.headers_seen[0]["Content-Type"] == "application/json"
+    for _ in range(2):
+        with pytest.raises(UserError, match=f"^{stand_in}/tokenize answered no list of token ids$"):
+            vllm.prompt_token_ids(stand_in, [])
+    with pytest.raises(UserError, match=rf"^{stand_in}/tokenize failed: HTTP Error 500"):
         vllm.prompt_token_ids(stand_in, [])
 
 

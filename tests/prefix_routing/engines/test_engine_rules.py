@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
+import time
 import sys
 import textwrap
 
@@ -204,3 +206,76 @@ def test_running_lists_the_recorded_engines_still_alive(stand_in, tmp_path):
     assert process.running(state) == [recorded[0]]
     (tmp_path / "a-directory").mkdir()
     assert process.running(tmp_path / "a-directory") == []
+
+
+def test_a_recorded_pid_with_another_start_time_is_another_process_and_is_left_alone(tmp_path):
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        started = process.start_time(bystander.pid)
+        ours = process.Engine("http://127.0.0.1:1", bystander.pid, 1, "x", sys.executable, "vllm", started)
+        reused = dataclasses.replace(ours, started=started - 1)  # the pid, held by a later process
+        assert process._alive(ours) and not process._alive(reused)
+        state = tmp_path / "engines.json"
+        state.write_text(json.dumps({"engines": [dataclasses.asdict(reused)]}))
+        assert process.stop(state) == [] and bystander.poll() is None
+        worker = dataclasses.replace(reused, pid=999_999_999, workers=((bystander.pid, started - 1),))
+        assert process.terminate([worker]) == [] and bystander.poll() is None  # a reused worker pid: spared
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_a_counters_value_is_the_sum_of_its_label_sets_and_nothing_else():
+    exposition = "\n".join([
+        "# HELP vllm:prompt_tokens_cached_total Number of cached prompt tokens.",
+        "# TYPE vllm:prompt_tokens_cached_total counter",
+        'vllm:prompt_tokens_cached_total{engine="0",model_name="m"} 100.0',
+        'vllm:prompt_tokens_cached_total{engine="1",model_name="m"} 28',
+        'vllm:prompt_tokens_cached_created{engine="0"} 1.7e9',
+        'vllm:prompt_tokens_cached_total_other 5',
+        "llamacpp:prompt_tokens_cached_total 42",
+    ])
+    assert process.counter_value(exposition, "vllm:prompt_tokens_cached_total") == 128.0
+    assert process.counter_value(exposition, "llamacpp:prompt_tokens_cached_total") == 42.0
+    assert process.counter_value(exposition, "vllm:prefix_cache_hits_total") is None
+    spaced = 'vllm:prompt_tokens_cached_total{model_name="a model"} 7'  # a label value may hold a space
+    assert process.counter_value(spaced, "vllm:prompt_tokens_cached_total") == 7.0
+
+
+def test_a_processs_stat_is_read_past_its_name_whatever_the_name_holds():
+    """/proc/PID/stat: ``pid (comm) state ppid pgrp ...``; a name may hold spaces and parentheses."""
+    script = "open('/proc/self/comm', 'w').write('x) (y z'); import sys; print('up', flush=True); sys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline() == b"up\n"
+        state, parent, group, started = process._stat(child.pid)
+        assert state in "RS" and parent == os.getpid() and group == os.getpgrp()
+        assert started == int(open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[19])
+        assert started >= process.start_time(os.getpid())
+    finally:
+        child.stdin.close()
+        child.wait(10)
+        child.stdout.close()
+    assert process._stat(child.pid) is None
+
+
+def test_a_zombie_does_not_run_and_a_reaped_pid_is_gone():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    started = process.start_time(child.pid)
+    deadline = time.monotonic() + 10
+    while process._stat(child.pid)[0] != "Z" and time.monotonic() < deadline:  # exited, not yet reaped
+        time.sleep(0.01)
+    assert process.start_time(child.pid) == started and not process.still_running(child.pid, started)
+    child.wait()
+    assert process.start_time(child.pid) is None and not process.still_running(child.pid, started)
+
+
+def test_a_binary_named_later_on_the_command_line_is_not_the_engine(tmp_path):
+    other = subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(30)", str(tmp_path / "bin")])
+    try:
+        record = process.Engine("http://127.0.0.1:1", other.pid, 1, "x", str(tmp_path / "bin"))
+        assert not process._alive(record)  # argv[3]: not the program that runs
+        assert not process._alive(dataclasses.replace(record, binary="-c"))  # argv[2] either
+    finally:
+        other.kill()
+        other.wait()

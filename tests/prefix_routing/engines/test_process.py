@@ -3,6 +3,8 @@
 import dataclasses
 import json
 import os
+import signal
+import time
 import subprocess
 import sys
 from pathlib import Path
@@ -88,3 +90,60 @@ def test_terminate_ends_the_engines_in_hand_when_the_state_file_is_gone(fake_ser
     assert sorted(e.pid for e in stopped) == sorted(e.pid for e in engines)
     assert not any(process._alive(e) for e in engines)
     assert process.terminate(engines) == []  # nothing left: nothing signalled
+
+
+# ----------------------------------------------------------------------------- identity and workers
+
+PARENT = '''#!{python}
+import os, signal, subprocess, sys, time
+port = int(sys.argv[sys.argv.index("--port") + 1])
+# A worker that outlives a SIGTERM to its parent and ignores one itself, as a stuck engine worker would.
+worker = subprocess.Popen([sys.executable, "-c",
+                           "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"])
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+    def log_message(self, *a): pass
+HTTPServer(("127.0.0.1", port), H).serve_forever()
+'''
+
+
+@pytest.fixture
+def parent_server(tmp_path):
+    import stat
+
+    path = tmp_path / "engine-with-worker"
+    path.write_text(PARENT.format(python=sys.executable))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def test_an_engines_workers_are_recorded_and_stopped_by_their_ids_even_when_they_ignore_sigterm(
+        parent_server, tmp_path, monkeypatch):
+    monkeypatch.setattr(process, "STOP_GRACE_S", 1.0)
+    state = tmp_path / "engines.json"
+    (engine,) = process.start(1, launch(parent_server, tmp_path / "m"), state, log_dir=tmp_path, wait_s=20)
+    assert engine.started == process.start_time(engine.pid)
+    (worker,) = engine.workers
+    assert process.still_running(*worker) and json.loads(state.read_text())["engines"][0]["workers"] == [list(worker)]
+    assert process.stop(state) == [engine]
+    assert not process.still_running(engine.pid, engine.started) and not process.still_running(*worker)
+
+
+def test_descendants_are_the_children_then_theirs_with_their_start_times():
+    script = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']);"
+              "print(c.pid, flush=True); time.sleep(30)")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    child = None
+    try:
+        child = int(parent.stdout.readline())
+        assert process.descendants(parent.pid) == [(child, process.start_time(child))]
+        mine = [pid for pid, _ in process.descendants(os.getpid())]
+        assert mine.index(parent.pid) < mine.index(child)  # breadth first: a child before its own
+    finally:
+        if child is not None:
+            os.kill(child, signal.SIGKILL)
+        parent.kill()
+        parent.wait()
+        parent.stdout.close()

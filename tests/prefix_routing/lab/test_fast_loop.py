@@ -70,6 +70,8 @@ CONFIGS = {
     "prefix, infinite": FleetConfig(instances=4, cache_tokens=math.inf),
     "prefix, 8 copies per instance": FleetConfig(instances=2, preset=P5_8B, cache_tokens=100_000,
                                                  concurrency_threshold=3),
+    # vLLM blocks that divide no trace block: every hit is rounded down (the misses' last block)
+    "prefix, engine blocks of 100": FleetConfig(instances=8, cache_tokens=200_000, engine_block_tokens=100),
     "random": FleetConfig(instances=8, strategy=Strategy.RANDOM, cache_tokens=200_000),
     "least outstanding": FleetConfig(instances=8, strategy=Strategy.LEAST_OUTSTANDING_REQUESTS,
                                      cache_tokens=200_000),

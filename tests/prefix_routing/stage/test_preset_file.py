@@ -68,6 +68,23 @@ def test_the_loaded_preset_is_a_lab_preset(preset_path):
     assert load_preset_file(bare).model.kv_bytes_per_token == 1000
 
 
+def test_a_vllm_preset_keeps_its_block_and_its_kv_cache(tmp_path):
+    vllm = content(engine_kind="vllm", block_tokens=32, cache_tokens=12_288, slots=1, context_per_slot=4096,
+                   description="local vLLM (CPU)")
+    path = write_preset_file(tmp_path / "vllm.json", vllm)
+    engine = json.loads(path.read_text())["engine"]
+    assert (engine["kind"], engine["block_tokens"], engine["kv_tokens"]) == ("vllm", 32, 12_288)
+    assert read_preset_file(path) == vllm
+    preset = load_preset_file(path)
+    # the KV cache is vLLM's blocks, not slots × context (4,096): 12,288 tokens, served in blocks of 32
+    assert (preset.kv_tokens, preset.engine_block_tokens, preset.max_num_seqs) == (12_288, 32, 1)
+    assert FleetConfig(instances=2, preset=preset).engine_block == 32
+    # A llama.cpp file says its kind and leaves the block to the lab's default.
+    llama = load_preset_file(write_preset_file(tmp_path / "llama.json", content()))
+    assert json.loads((tmp_path / "llama.json").read_text())["engine"]["kind"] == "llama.cpp"
+    assert llama.engine_block_tokens == 16 and llama.kv_tokens == 2 * 4096
+
+
 def test_the_latency_model_uses_the_measured_coefficients(preset_path):
     lat = LatencyModel.from_preset(load_preset_file(preset_path))
     assert (lat.prefill_constant_s, lat.prefill_s_per_token, lat.attention_s_per_token_pair) == (A, B, C)
@@ -139,6 +156,9 @@ DELETE = object()
         ("engine.context_per_slot", "8k", 'engine.context_per_slot = "8k": must be an integer'),
         ("engine.max_batched_tokens", 0, "engine.max_batched_tokens = 0: must be an integer"),
         ("engine.description", 5, "engine.description = 5: must be a non-empty string"),
+        ("engine.kind", "sglang", 'engine.kind = "sglang": must be one of llama.cpp, vllm'),
+        ("engine.block_tokens", 0, "engine.block_tokens = 0: must be an integer from 1 to 4096"),
+        ("engine.kv_tokens", 12.5, "engine.kv_tokens = 12.5: must be an integer from 1"),
         ("engine.threads", 1, "engine.threads = 1: unknown key; allowed: description, slots, context_per_slot"),
         ("model.name", None, "model.name = null: must be a non-empty string"),
         ("model.kv_bytes_per_token", -1, "model.kv_bytes_per_token = -1: must be an integer from 2"),
