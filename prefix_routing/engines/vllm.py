@@ -47,6 +47,9 @@ DEFAULT_BLOCK_SIZE = 128
 BLOCK_MULTIPLE = 32
 MAX_BATCHED_TOKENS = 2048  # tokens per engine step (the prefill chunk): vLLM's CPU default, said explicitly
 DEFAULT_KV_CACHE_GIB = 1  # VLLM_CPU_KVCACHE_SPACE when no cache size is given: 262,144 tokens
+RESET_TIMEOUT_S = 30.0  # an idle engine answers at once
+RESET_TRIES, RESET_PAUSE_S = 20, 0.25  # a request that just ended may hold its blocks a moment longer
+TOKENIZE_TIMEOUT_S = 60.0
 START_WAIT_S = 420.0  # 86-112 s measured on a loaded 2-core machine; several engines start side by side
 #: Set on every engine: nothing leaves 127.0.0.1 (no hub, no usage statistics), one OpenMP thread
 #: left to the scheduler (as llama.cpp's -t), and the development routes on, for /reset_prefix_cache.
@@ -165,7 +168,7 @@ class Vllm:
                           "--seed", str(MODEL_SEED)], root / "install.log", env={**os.environ, **ENVIRONMENT})
         return path
 
-    def reset_cache(self, url: str, *, tries: int = 20, pause_s: float = 0.25,
+    def reset_cache(self, url: str, *, tries: int = RESET_TRIES, pause_s: float = RESET_PAUSE_S,
                     sleep: Callable[[float], None] = time.sleep) -> bool:
         """``POST /reset_prefix_cache`` (a development route, on for local engines): every cached block
         freed. vLLM refuses (``"success": false``) while a request still holds blocks: asked again,
@@ -173,9 +176,9 @@ class Vllm:
         for attempt in range(tries):
             if attempt:
                 sleep(pause_s)
-            request = urllib.request.Request(f"{url.rstrip('/')}/reset_prefix_cache", b"", method="POST")
+            request = urllib.request.Request(f"{url}/reset_prefix_cache", b"", method="POST")
             try:
-                with urllib.request.urlopen(request, timeout=30) as response:
+                with urllib.request.urlopen(request, timeout=RESET_TIMEOUT_S) as response:
                     body = response.read()
                 answer = json.loads(body) if body.strip() else {}
             except (urllib.error.URLError, OSError, ValueError) as error:
@@ -226,9 +229,9 @@ def prompt_token_ids(url: str, messages: list[dict]) -> list[int]:
     """The token ids a vLLM engine computes for a chat's prompt (its chat template and generation
     prompt included): ``POST /tokenize``."""
     body = json.dumps({"messages": messages, "add_generation_prompt": True}).encode()
-    request = urllib.request.Request(f"{url.rstrip('/')}/tokenize", body, {"Content-Type": "application/json"})
+    request = urllib.request.Request(f"{url}/tokenize", body, {"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=60) as response:
+        with urllib.request.urlopen(request, timeout=TOKENIZE_TIMEOUT_S) as response:
             tokens = json.loads(response.read()).get("tokens")
     except (urllib.error.URLError, OSError, ValueError, AttributeError) as error:
         raise UserError(f"{url}/tokenize failed: {error}") from None

@@ -529,8 +529,7 @@ def whole_blocks_cached(held_tokens: float, prompt_tokens: int, engine_block: in
     one token to sample from): ``floor(min(held, prompt − 1) / block) × block``."""
     last = prompt_tokens - 1
     cached = held_tokens if held_tokens < last else last
-    cached -= cached % engine_block
-    return cached if cached > 0 else 0
+    return max(0, cached - cached % engine_block)
 
 
 def _touch(cache, blocks: Sequence[Hashable], m: int, infinite: bool, cap_blocks: int) -> None:

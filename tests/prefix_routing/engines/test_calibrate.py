@@ -390,6 +390,7 @@ def test_a_cache_config_without_a_block_and_a_count_is_none(exposition):
 
 def test_a_cache_config_of_no_blocks_is_read_as_it_is():
     assert calibrate.vllm_cache_config('vllm:cache_config_info{block_size="16",num_gpu_blocks="0"} 1') == (16, 0)
+    assert calibrate.vllm_cache_config('vllm:cache_config_info{block_size="1",num_gpu_blocks="5"} 1') == (1, 5)
 
 
 def test_a_vllm_measurement_becomes_a_preset_file_with_its_blocks(tmp_path):

@@ -53,6 +53,8 @@ def test_an_option_a_kind_ignores_is_refused_by_its_flag_names():
 def test_llama_cpp_refuses_vllms_options_and_a_missing_binary(tmp_path):
     with pytest.raises(UserError, match="block_size .*: not an option of llama.cpp engines"):
         LlamaCpp().launch(EngineOptions(block_size=32), binary=tmp_path / "x", model=tmp_path / "m")
+    with pytest.raises(UserError, match="^cache_tokens .*: not an option of llama.cpp engines"):
+        LlamaCpp().launch(EngineOptions(cache_tokens=4096), binary=tmp_path / "x", model=tmp_path / "m")
     with pytest.raises(UserError, match=r"no llama-server at .*/x: run `python -m prefix_routing engines build`"):
         LlamaCpp().launch(EngineOptions(), binary=tmp_path / "x", model=tmp_path / "m")
     assert LlamaCpp().reset_cache("http://127.0.0.1:1") is False  # its saved states: a new engine instead
@@ -271,7 +273,7 @@ def stand_in():
 def test_a_cache_reset_is_asked_again_while_the_engine_refuses_it(stand_in):
     slept = []
     _StandIn.answers = [(200, b'{"success":false}'), (200, b'{"success":false}'), (200, b'{"success":true}')]
-    assert Vllm().reset_cache(stand_in + "/", pause_s=0.5, sleep=slept.append) is True  # a trailing / is fine
+    assert Vllm().reset_cache(stand_in, pause_s=0.5, sleep=slept.append) is True
     assert [path for path, _ in _StandIn.asked] == ["/reset_prefix_cache"] * 3 and slept == [0.5, 0.5]
     assert {headers.get("Content-Length") for headers in _StandIn.headers_seen} == {"0"}  # a POST, no body
     slept.clear()
@@ -286,6 +288,24 @@ def test_a_reset_that_is_not_refused_is_done(stand_in, answer):
     assert Vllm().reset_cache(stand_in, tries=1) is True
 
 
+def test_an_engine_that_does_not_answer_is_waited_for_a_bounded_time(monkeypatch):
+    """Every call to an engine has a deadline: a hung engine is an error, not a hang."""
+    import urllib.request
+
+    timeouts = []
+
+    def urlopen(request, timeout=None):
+        timeouts.append(timeout)
+        raise TimeoutError("timed out")
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    with pytest.raises(UserError, match="could not reset the prefix cache: timed out"):
+        Vllm().reset_cache("http://127.0.0.1:1")
+    with pytest.raises(UserError, match="/tokenize failed: timed out"):
+        vllm.prompt_token_ids("http://127.0.0.1:1", [])
+    assert timeouts == [vllm.RESET_TIMEOUT_S, vllm.TOKENIZE_TIMEOUT_S] and all(0 < t <= 60 for t in timeouts)
+
+
 def test_a_cache_reset_the_engine_does_not_serve_is_a_user_error(stand_in):
     _StandIn.answers = [(404, b'{"detail":"Not Found"}')]
     with pytest.raises(UserError, match=rf"^{stand_in}: could not reset the prefix cache: HTTP Error 404"):
@@ -295,7 +315,7 @@ def test_a_cache_reset_the_engine_does_not_serve_is_a_user_error(stand_in):
 def test_the_prompts_tokens_are_the_engines_own(stand_in):
     _StandIn.answers = [(200, json.dumps({"count": 3, "tokens": [5, 6, 7]}).encode()), (200, b'{"tokens":"no"}'),
                         (200, b'{"tokens":[1,"x"]}'), (500, b"")]
-    assert vllm.prompt_token_ids(stand_in + "/", [{"role": "user", "content": "hi"}]) == [5, 6, 7]
+    assert vllm.prompt_token_ids(stand_in, [{"role": "user", "content": "hi"}]) == [5, 6, 7]
     path, body = _StandIn.asked[0]
     assert path == "/tokenize" and json.loads(body) == {"messages": [{"role": "user", "content": "hi"}],
                                                        "add_generation_prompt": True}

@@ -271,11 +271,31 @@ def test_a_zombie_does_not_run_and_a_reaped_pid_is_gone():
 
 
 def test_a_binary_named_later_on_the_command_line_is_not_the_engine(tmp_path):
-    other = subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(30)", str(tmp_path / "bin")])
+    code = "print('up', flush=True); import time; time.sleep(30)"
+    other = subprocess.Popen([sys.executable, "-S", "-c", code, str(tmp_path / "bin")], stdout=subprocess.PIPE)
     try:
+        assert other.stdout.readline() == b"up\n"  # its own command line now, not ours
         record = process.Engine("http://127.0.0.1:1", other.pid, 1, "x", str(tmp_path / "bin"))
-        assert not process._alive(record)  # argv[3]: not the program that runs
+        assert not process._alive(record)  # argv[4]: not the program that runs
         assert not process._alive(dataclasses.replace(record, binary="-c"))  # argv[2] either
+        assert process._alive(dataclasses.replace(record, binary="-S"))  # argv[1]: an interpreted stand-in's place
     finally:
         other.kill()
         other.wait()
+        other.stdout.close()
+
+
+def test_a_command_line_that_is_not_utf_8_is_read_with_replacements(tmp_path):
+    import os
+
+    script = tmp_path / os.fsdecode(b"engine-\xff.py")  # a file name that is not UTF-8
+    script.write_text("import sys, time\nprint('up', flush=True)\ntime.sleep(30)\n")
+    child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline() == b"up\n"
+        assert process._alive(engine(child.pid, sys.executable))  # argv[0]; argv[1] read without an error
+        assert not process._alive(engine(child.pid, tmp_path / "engine-.py"))
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()

@@ -35,6 +35,8 @@ def test_the_rule_at_its_edges():
     assert whole_blocks_cached(0, 100, 16) == 0 and whole_blocks_cached(1, 1, 16) == 0
     assert whole_blocks_cached(99.5, 100, 1) == 99  # fractional token counts (bytes-sized blocks)
     assert whole_blocks_cached(500, 100, 16) == 96  # held beyond the prompt: capped at its last token
+    assert whole_blocks_cached(1, 5, 1) == 1 and whole_blocks_cached(5, 5, 1) == 4  # blocks of one token
+    assert whole_blocks_cached(0, 0, 16) == 0  # an empty prompt: nothing, never less
 
 
 def chained(n: int, start: int = 0) -> list[int]:
@@ -71,5 +73,16 @@ def test_token_ids_become_chained_ids_of_whole_blocks():
     c = token_block_ids([9, 2, 3, 4, 5, 6], 3, interned)  # the second block's tokens, under another first
     assert a == [0, 1] and b == [0, 1, 2] and c == [3, 4]  # chained: equal ids, equal prefixes
     assert token_block_ids([1, 2], 3, interned) == [] and token_block_ids([], 3, interned) == []
-    with pytest.raises(ValueError, match="block 0: must be an integer >= 1"):
-        token_block_ids([1], 0, {})
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match=f"block {bad!r}: must be an integer >= 1"):
+            token_block_ids([1], bad, {})
+    assert token_block_ids([7, 8], 1, {}) == [0, 1]  # blocks of one token
+
+
+def test_a_first_block_is_never_taken_for_a_later_one_with_the_same_tokens():
+    """The first block's parent is a root that no id is: [z z z] first is not [x x x y y y z z z]'s third."""
+    interned: dict = {}
+    x, y, z = [1, 1, 1], [2, 2, 2], [3, 3, 3]
+    assert token_block_ids(x + y + z, 3, interned) == [0, 1, 2]
+    assert token_block_ids(z, 3, interned) == [3]
+    assert token_block_ids(y, 3, interned) == [4]
