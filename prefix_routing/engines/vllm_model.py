@@ -1,12 +1,14 @@
 """The tiny model a local vLLM engine serves, made offline: a tokenizer trained here, random weights.
 
 Run by the vLLM virtualenv's own Python (it needs ``tokenizers``, ``transformers`` and ``torch``,
-which only that virtualenv has), as a script: ``<venv>/bin/python vllm_model.py OUT_DIR --seed S``.
+which only that virtualenv has), as a script: ``<venv>/bin/python vllm_model.py OUT_DIR --corpus FILE
+--seed S``.
 Nothing is downloaded. The text it produces is noise; what matters is that prefill and decode cost
 what a model of this shape costs and that the engine's prefix cache behaves as it does for any model:
 
-- a byte-level BPE tokenizer (vocabulary up to 8,192) trained on a corpus made here from a fixed word
-  list by a seeded random generator, so that the same seed gives the same tokenizer on every machine;
+- a byte-level BPE tokenizer (vocabulary up to 8,192) trained on the corpus file it is given (made by
+  :func:`prefix_routing.engines.words.corpus` from a fixed word list and a seed: the same tokenizer on
+  every machine);
 - a chat template (``tokenizer_config.json``) that lays the messages out as the llama.cpp engines'
   model does (``<|role|>``, the content, a newline);
 - a ``LlamaForCausalLM`` with random weights from the seed: 2 layers, hidden 256, 4 heads of 64 (a
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import shutil
 from pathlib import Path
 
@@ -32,34 +33,7 @@ CHAT_TEMPLATE = (
 VOCABULARY = 8192
 LAYERS, HIDDEN, HEADS, FFN, CONTEXT = 2, 256, 4, 688, 8192
 SPECIAL = ["<s>", "</s>", "<unk>"]
-_WORDS = (
-    "the of and to in is that for it as was with be by on not he this are or his from at which but have an "
-    "they you were her she there one all we their has been if more when will would who so no time year people "
-    "way day man thing woman life child world school state family student group country problem hand part place "
-    "case week company system program question work government number night point home water room mother area "
-    "money story fact month lot right study book eye job word business issue side kind head house service friend "
-    "father power hour game line end member law car city community name president team minute idea kid body "
-    "information back parent face others level office door health person art war history party result change "
-    "morning reason research girl guy moment air teacher force education river apple garden window paper music "
-    "rule answer voice patient librarian keeper lighthouse support agent brief opening hours customer order "
-    "account tenant prompt cache token model request user assistant system you are a helpful please thank"
-).split()
-
-
-def corpus(seed: int, lines: int = 20_000) -> list[str]:
-    """Sentences of the word list, numbers and punctuation, from ``seed``: the tokenizer's training text."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(lines):
-        words = [rng.choice(_WORDS) for _ in range(rng.randint(4, 24))]
-        if rng.random() < 0.3:
-            words.insert(rng.randrange(len(words)), str(rng.randint(0, 10_000)))
-        sentence = " ".join(words)
-        out.append(sentence[:1].upper() + sentence[1:] + rng.choice((".", "?", "!", ":", ",")))
-    return out
-
-
-def make(out: Path, seed: int) -> Path:
+def make(out: Path, corpus: list[str], seed: int) -> Path:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -72,7 +46,7 @@ def make(out: Path, seed: int) -> Path:
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=VOCABULARY, special_tokens=SPECIAL,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    bpe.train_from_iterator(corpus(seed), trainer=trainer)
+    bpe.train_from_iterator(corpus, trainer=trainer)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(tmp)
@@ -91,9 +65,10 @@ def make(out: Path, seed: int) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="the model directory to write")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--corpus", type=Path, required=True, help="the tokenizer's training text, a sentence a line")
+    parser.add_argument("--seed", type=int, default=0, help="the weights' seed")
     args = parser.parse_args(argv)
-    print(make(args.out, args.seed))
+    print(make(args.out, args.corpus.read_text(encoding="utf-8").splitlines(), args.seed))
     return 0
 
 

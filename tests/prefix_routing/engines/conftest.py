@@ -1,4 +1,5 @@
-"""A stand-in for llama-server: a script that serves /health, /slots and /metrics on --port."""
+"""A stand-in for llama-server: a script that serves /health, /slots and /metrics on --port; with
+--worker it first starts a worker that ignores SIGTERM and outlives it, as a stuck engine worker would."""
 
 import os
 import stat
@@ -12,6 +13,9 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 port = int(sys.argv[sys.argv.index("--port") + 1])
 if "--fail" in sys.argv:
     sys.exit(3)
+if "--worker" in sys.argv:
+    import subprocess
+    subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"])
 class H(BaseHTTPRequestHandler):
     def do_GET(self):
         body = {{"/health": b'{{"status":"ok"}}', "/slots": json.dumps([{{"id": 0, "is_processing": False, "n_ctx": 8192}}]).encode(),

@@ -170,7 +170,11 @@ def test_a_missing_model_is_made_by_the_pins_interpreter_with_the_callers_progre
     assert said == ["making tiny-llama-l2-h256-s0 (a tokenizer trained here, random weights, seed 0) ..."]
     (command,) = ran
     assert command[0] == str(installed / "venv" / "bin" / "python") and command[1].endswith("vllm_model.py")
-    assert command[2:] == [str(vllm.model_path(installed)), "--seed", "0"]
+    corpus_file = vllm.model_path(installed).with_name("tiny-llama-l2-h256-s0.corpus.txt")
+    assert command[2:] == [str(vllm.model_path(installed)), "--corpus", str(corpus_file), "--seed", "0"]
+    from prefix_routing.engines.words import corpus
+
+    assert corpus_file.read_text().splitlines() == corpus(0)  # the same text, so the same tokenizer, everywhere
 
 
 def test_an_installed_pin_is_not_installed_again(installed):
@@ -334,4 +338,4 @@ def test_the_model_maker_needs_nothing_but_its_own_environment():
     tree = ast.parse(Path(vllm.__file__).with_name("vllm_model.py").read_text())
     top = {alias.name.split(".")[0] for node in tree.body if isinstance(node, ast.Import) for alias in node.names} | \
         {node.module.split(".")[0] for node in tree.body if isinstance(node, ast.ImportFrom)}
-    assert top == {"__future__", "argparse", "os", "random", "shutil", "pathlib"}
+    assert top == {"__future__", "argparse", "os", "shutil", "pathlib"}

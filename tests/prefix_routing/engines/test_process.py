@@ -94,36 +94,14 @@ def test_terminate_ends_the_engines_in_hand_when_the_state_file_is_gone(fake_ser
 
 # ----------------------------------------------------------------------------- identity and workers
 
-PARENT = '''#!{python}
-import os, signal, subprocess, sys, time
-port = int(sys.argv[sys.argv.index("--port") + 1])
-# A worker that outlives a SIGTERM to its parent and ignores one itself, as a stuck engine worker would.
-worker = subprocess.Popen([sys.executable, "-c",
-                           "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"])
-from http.server import BaseHTTPRequestHandler, HTTPServer
-class H(BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
-    def log_message(self, *a): pass
-HTTPServer(("127.0.0.1", port), H).serve_forever()
-'''
-
-
-@pytest.fixture
-def parent_server(tmp_path):
-    import stat
-
-    path = tmp_path / "engine-with-worker"
-    path.write_text(PARENT.format(python=sys.executable))
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    return path
-
 
 def test_an_engines_workers_are_recorded_and_stopped_by_their_ids_even_when_they_ignore_sigterm(
-        parent_server, tmp_path, monkeypatch):
+        fake_server, tmp_path, monkeypatch):
     monkeypatch.setattr(process, "STOP_GRACE_S", 1.0)
     state = tmp_path / "engines.json"
-    (engine,) = process.start(1, launch(parent_server, tmp_path / "m"), state, log_dir=tmp_path, wait_s=20)
+    real = launch(fake_server, tmp_path / "m")
+    with_worker = dataclasses.replace(real, command=lambda port: real.command(port) + ["--worker"])
+    (engine,) = process.start(1, with_worker, state, log_dir=tmp_path, wait_s=20)
     assert engine.started == process.start_time(engine.pid)
     (worker,) = engine.workers
     assert process.still_running(*worker) and json.loads(state.read_text())["engines"][0]["workers"] == [list(worker)]
