@@ -119,6 +119,29 @@ def test_ids_that_are_not_chained(monkeypatch):
               monkeypatch, chunks=2, chain_caches=False)
 
 
+@pytest.mark.parametrize("engine_block", [1, 3, 16])
+def test_token_sized_blocks_at_every_edge_of_the_whole_block_rule(monkeypatch, engine_block):
+    """Trace blocks of one token and prompts that are a chain of them plus 0-2 tokens more: held reaches
+    the prompt, its last token and the one before, where vLLM's rule turns (lab/fleet.py whole_blocks_cached)."""
+    rng = random.Random(11)
+    n, trunks = 300, [[rng.randrange(10**6) for _ in range(40)] for _ in range(5)]
+    interned: dict = {}
+    blocks, prompts = [], []
+    for _ in range(n):
+        tokens = rng.choice(trunks)[: rng.randrange(1, 41)] + [rng.randrange(10**6) for _ in range(rng.randrange(3))]
+        ids, parent = [], -1
+        for t in tokens:
+            parent = interned.setdefault((parent, t), len(interned))
+            ids.append(parent)
+        blocks.append(ids)
+        prompts.append(len(tokens) + rng.choice((0, 0, 1, 2)))  # up to 2 tokens past the blocks
+    trace = Trace([i * 0.01 for i in range(n)], prompts, [rng.randrange(1, 8) for _ in range(n)], blocks, 1, None,
+                  None, source="token blocks", chained=True)
+    config = FleetConfig(instances=3, cache_tokens=150, engine_block_tokens=engine_block, concurrency_threshold=3)
+    result = _same(trace, config, monkeypatch, chunks=2, chained=True, chain_caches=True)
+    assert result["misses"]["last_block"] > 0
+
+
 def test_a_producers_word_does_not_turn_caches_that_hold_blocks_into_chain_caches(mooncake_slice):
     sim = lab.Simulator(lab.config_for_trace(FleetConfig(instances=2, cache_tokens=50_000), mooncake_slice))
     sim.feed(mooncake_slice.head(10))  # the reader checked: chained
