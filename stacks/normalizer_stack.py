@@ -44,6 +44,6 @@ class NormalizerStack(Stack):
         CfnOutput(self, "FunctionUrl", value=self.normalizer.function_url.url)
         CfnOutput(self, "FunctionName", value=self.normalizer.function.function_name)
         # Attach to each tenant's role: the Function URL, and lambda:InvokeFunction only through it.
-        CfnOutput(self, "TenantInvokePolicyArn", value=self.normalizer.tenant_policy.managed_policy_arn)
+        CfnOutput(self, "TenantInvokePolicy", value=self.normalizer.tenant_policy.managed_policy_arn)
         # The request log the lab and the advisor read (advise --stage finds it here).
         CfnOutput(self, "RequestLogGroupName", value=self.normalizer.log_group.log_group_name)

@@ -18,7 +18,7 @@ from prefix_routing.rules.errors import UserError
 from prefix_routing.stage.config import StageConfig
 from prefix_routing.verify.deployment import (check_component, check_endpoint, check_endpoint_config, check_image,
                                               check_placement, instances_in_service)
-from prefix_routing.verify.function import check_function, check_invocation
+from prefix_routing.verify.function import check_function, check_invocation, check_invoke_principals
 from prefix_routing.verify.monitoring import check_monitoring
 from prefix_routing.verify.report import Check, exit_status, render_json, render_text
 
@@ -35,11 +35,12 @@ class Clients:
     lambda_: Any
     logs: Any
     ecr: Any
+    iam: Any = None  # for the tenants' principals (IAM's policy simulator); None: those checks are not run
 
     @classmethod
     def from_session(cls, session: Any) -> Clients:
         return cls(*(session.client(name) for name in ("sagemaker", "cloudwatch", "cloudformation", "lambda",
-                                                        "logs", "ecr")))
+                                                        "logs", "ecr", "iam")))
 
 
 def verify_stage(config: StageConfig, clients: Clients, *, sender_for: Any = None,
@@ -62,6 +63,8 @@ def verify_stage(config: StageConfig, clients: Clients, *, sender_for: Any = Non
     checks += check_monitoring(clients.cloudformation, clients.cloudwatch, config)
     function_checks, function = check_function(clients.lambda_, clients.cloudformation, config)
     checks += function_checks
+    if clients.iam is not None:
+        checks += check_invoke_principals(clients.iam, config.normalizer.invoke_principals, function.get("arn"))
     if sender_for is not None and function:
         checks += check_invocation(sender_for(function["url"]), clients.logs, function["log_group"],
                                    log_wait_s=log_wait_s)

@@ -10,6 +10,7 @@ the saved Logs Insights queries and the Contributor Insights rules read.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +27,10 @@ REQUIRED_ENVIRONMENT = ("ENDPOINT_NAME", "INFERENCE_COMPONENT_NAME", "TENANT_KEY
 QUERIED_FIELDS = (LogField.MESSAGE, LogField.TENANT, LogField.PREFIX_FINGERPRINT, LogField.PROMPT_TOKENS,
                   LogField.CACHED_TOKENS, LogField.TTFT_MS)
 ADAPTER_LAYER = ":layer:LambdaAdapterLayerArm64:"
+#: The principals IAM's policy simulator evaluates: roles and users (an account is not one principal).
+SIMULATED_PRINCIPAL = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/")
+#: The condition key that tells an invocation through the Function URL from a direct one.
+VIA_URL_KEY = "lambda:InvokedViaFunctionUrl"
 _SYSTEM = ("You are the verification assistant of a prefix-aware routing deployment. " * 40).strip()
 VERIFY_BODY = json.dumps({"messages": [{"role": "system", "content": _SYSTEM},
                                        {"role": "user", "content": "Reply with the word ready."}],
@@ -72,7 +77,47 @@ def check_function(lambda_client: Any, cloudformation: Any, config: StageConfig)
     checks = [fail(title, "; ".join(problems), f"redeploy the normalizer stack: npx cdk deploy {stack} -c stage={config.name}")
               if problems else ok(title, f"{fn.get('Runtime')}, arm64, web adapter layer, environment complete")]
     log_group = (fn.get("LoggingConfig") or {}).get("LogGroup") or f"/aws/lambda/{name}"
-    return checks, {"url": outputs.get("FunctionUrl"), "log_group": log_group}
+    return checks, {"url": outputs.get("FunctionUrl"), "log_group": log_group, "arn": fn.get("FunctionArn")}
+
+
+def check_invoke_principals(iam: Any, principals: list[str], function_arn: str | None) -> list[Check]:
+    """Each of the stage's ``normalizer.invoke_principals`` that is a role or user, put to IAM's policy
+    simulator: may it call ``lambda:InvokeFunction`` on the function with ``lambda:InvokedViaFunctionUrl``
+    false, i.e. invoke it directly? Then it can send an event shaped like a Function URL's that names
+    any tenant, which the function cannot tell from a real one: ✘. An account, or a simulator that
+    cannot be called: ?."""
+    checks = []
+    for principal in principals:
+        title = f"tenant principal {principal}"
+        if not SIMULATED_PRINCIPAL.match(principal):
+            checks.append(unknown(title, "an account: IAM's simulator evaluates one role or user, not an account",
+                                  "in that account, give its roles lambda:InvokeFunction only with "
+                                  f"{VIA_URL_KEY} (the policy TenantInvokePolicy holds), and run verify there"))
+            continue
+        if not function_arn:
+            checks.append(unknown(title, "the function's ARN is unknown (its configuration could not be read)"))
+            continue
+        try:
+            answer = iam.simulate_principal_policy(
+                PolicySourceArn=principal, ActionNames=["lambda:InvokeFunction"], ResourceArns=[function_arn],
+                ContextEntries=[{"ContextKeyName": VIA_URL_KEY, "ContextKeyValues": ["false"],
+                                 "ContextKeyType": "boolean"}])
+        except Exception as error:  # noqa: BLE001 - no permission, another account's role, throttling
+            checks.append(unknown(title, f"IAM's policy simulator cannot be called ({error_code(error)})",
+                                  "grant iam:SimulatePrincipalPolicy on it (another account's role: run verify with "
+                                  "that account's credentials)"))
+            continue
+        decisions = [result.get("EvalDecision") for result in answer.get("EvaluationResults", [])]
+        if "allowed" in decisions:
+            checks.append(fail(title, "may call lambda:InvokeFunction on the function directly, not through its "
+                               "Function URL: its events can name any tenant, and the function cannot tell them "
+                               "from the URL's",
+                               "replace its grants on the function by the stack's managed policy TenantInvokePolicy "
+                               "(the output of that name): lambda:InvokeFunction only with "
+                               f"{VIA_URL_KEY} = true"))
+        else:
+            checks.append(ok(title, "may invoke the function through its Function URL only"))
+    return checks
 
 
 def check_invocation(send: Callable[[bytes], Any], logs: Any, log_group: str, *, log_wait_s: float = 30.0,

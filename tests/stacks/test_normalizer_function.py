@@ -239,7 +239,7 @@ def test_tenants_get_a_policy_for_the_url_and_invoke_only_through_it(default_tem
         ("lambda:InvokeFunctionUrl", '{"StringEquals": {"lambda:FunctionUrlAuthType": "AWS_IAM"}}'),
     ]
     assert all(s["Resource"] == function_arn and s["Effect"] == "Allow" for s in statements)
-    outputs = template.find_outputs("TenantInvokePolicyArn")
+    outputs = template.find_outputs("TenantInvokePolicy")
     assert len(outputs) == 1
     # By default direct invocations are refused and no other account is named in the resource policy.
     assert _function(template)["Environment"]["Variables"]["ALLOW_DIRECT_INVOKE"] == "false"

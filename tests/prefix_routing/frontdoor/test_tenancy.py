@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from prefix_routing import frontdoor
 from tests.prefix_routing.frontdoor.conftest import BODY, CHAT, ROLE_ARN, ROLE_TENANT, config, url_event
@@ -69,6 +71,21 @@ def test_none_tenancy_shares_one_tenant_and_direct_invocations_name_theirs():
         frontdoor.identify_tenant(frontdoor.request_from_event({"body": CHAT}), config())
     assert caught.value.code == "missing_tenant"
     assert frontdoor.identify_tenant(frontdoor.request_from_event({"body": CHAT}), config(tenancy="none"))[0] == "shared"
+
+
+def test_a_direct_invocation_shaped_like_the_urls_cannot_be_told_from_it_which_is_why_iam_is_the_wall():
+    """What the function cannot tell (docs/normalizer-lambda.md, "One way in"): a direct lambda:Invoke whose
+    event copies a Function URL event's shape, request context and IAM identity included, is the same
+    event as the URL's own, so it is served as the tenant it names. Only IAM keeps it out: tenants get
+    lambda:InvokeFunction only with lambda:InvokedViaFunctionUrl (TenantInvokePolicy), which verify checks."""
+    from prefix_routing.frontdoor.tenancy import check_way_in
+
+    victim = "arn:aws:iam::111122223333:role/victim"
+    real = frontdoor.request_from_event(url_event(user_arn=victim))
+    forged = frontdoor.request_from_event(json.loads(json.dumps(url_event(user_arn=victim))))  # written by hand
+    check_way_in(forged, config())  # not refused: nothing in it says it did not come through the URL
+    assert forged.source == real.source == "http"
+    assert frontdoor.identify_tenant(forged, config()) == frontdoor.identify_tenant(real, config()) == (victim, None)
 
 
 def test_a_direct_invocation_is_refused_with_how_to_call_unless_tenancy_is_none_or_the_stage_allows_it():

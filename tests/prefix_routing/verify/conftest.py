@@ -25,6 +25,7 @@ EP, IC = CONFIG.endpoint_name, CONFIG.component_name
 IMAGE = f"763104351884.dkr.ecr.{REGION}.amazonaws.com/vllm:server-sagemaker-cuda-v1"
 FUNCTION = "PrefixRouting-default-Normali-NormalizerFunction-AbC123"
 FUNCTION_URL = "https://abc123.lambda-url.us-east-1.on.aws/"
+FUNCTION_ARN = f"arn:aws:lambda:{REGION}:111122223333:function:{FUNCTION}"
 LOG_GROUP = "/aws/lambda/prefix-routing-default-normalizer"
 PER_INSTANCE = ('SELECT MAX(ConcurrentRequestsPerCopy) FROM SCHEMA("AWS/SageMaker", InferenceComponentName, InstanceId) '
                 f"WHERE InferenceComponentName = '{IC}' GROUP BY InstanceId ORDER BY MAX() DESC")
@@ -114,7 +115,7 @@ def healthy() -> dict:
                 for ns, name, _, dims in METRIC_CALLS],
         },
         "lambda_": {"get_function_configuration": [{
-            "FunctionName": FUNCTION, "Runtime": "python3.14", "Architectures": ["arm64"], "Handler": "run.sh",
+            "FunctionName": FUNCTION, "FunctionArn": FUNCTION_ARN, "Runtime": "python3.14", "Architectures": ["arm64"], "Handler": "run.sh",
             "Layers": [{"Arn": f"arn:aws:lambda:{REGION}:753240598075:layer:LambdaAdapterLayerArm64:30"}],
             "LoggingConfig": {"LogGroup": LOG_GROUP},
             "Environment": {"Variables": {"ENDPOINT_NAME": EP, "INFERENCE_COMPONENT_NAME": IC,
@@ -122,6 +123,7 @@ def healthy() -> dict:
                                           "AWS_LAMBDA_EXEC_WRAPPER": "/opt/bootstrap",
                                           "AWS_LWA_INVOKE_MODE": "response_stream"}}}]},
         "logs": {},
+        "iam": {},
     }
 
 
@@ -142,7 +144,7 @@ EXPECTED_PARAMS = {
 }
 
 _SERVICES = {"sagemaker": "sagemaker", "cloudwatch": "cloudwatch", "cloudformation": "cloudformation",
-             "lambda_": "lambda", "logs": "logs", "ecr": "ecr"}
+             "lambda_": "lambda", "logs": "logs", "ecr": "ecr", "iam": "iam"}
 
 
 class Deployment:

@@ -515,7 +515,7 @@ def function_checks(configuration, outputs=OUTPUTS):
 def test_a_function_as_deployed_is_a_tick_and_gives_its_url_and_log_group():
     checks, found, lam, cloudformation = function_checks(FUNCTION)
     assert checks == [ok("function fn", "python3.13, arm64, web adapter layer, environment complete")]
-    assert found == {"url": "https://u/", "log_group": "/aws/lambda/fn"}
+    assert found == {"url": "https://u/", "log_group": "/aws/lambda/fn", "arn": None}  # this fake gives none
     assert lam.calls == [("get_function_configuration", {"FunctionName": "fn"})]
     assert cloudformation.calls == [("describe_stacks", {"StackName": "PrefixRouting-default-Normalizer"})]
     _, found, _, _ = function_checks({**FUNCTION, "LoggingConfig": {"LogGroup": "/custom/group"}})
