@@ -25,7 +25,9 @@ from prefix_routing.rules.limits import LIMIT_NAMES, MAX_LIMIT, MAX_OVERRIDES, M
 from prefix_routing.rules.domains import MAX_DOMAINS, TrustDomains, shared_without_salt
 from prefix_routing.rules.sampling import MIN_RATE
 from prefix_routing.stage.benchmark import BenchmarkSettings
-from prefix_routing.stage.domains import ComponentPlan, DomainSettings, TenancySettings, check_domains, component_name
+from prefix_routing.rules.tenant_match import shadowed
+from prefix_routing.stage.domains import (ComponentPlan, DomainSettings, TenancySettings, check_domains, component_name,
+                                          tenancy_without_effect)
 from prefix_routing.stage.presets import INSTANCES
 from prefix_routing.stage.section import Section as _Section
 from prefix_routing.stage.section import allowed as _allowed
@@ -711,6 +713,11 @@ class LimitsSettings(TenantLimitSettings):
             if not 1 <= len(key) <= MAX_PATTERN or not all("!" <= c <= "~" for c in key):
                 raise ValueError(f"key {key[:60]!r}: allowed: a tenant id or pattern of 1-{MAX_PATTERN} printable "
                                  "ASCII characters without spaces")
+        dead = shadowed(list(value))
+        if dead:
+            raise ValueError("; ".join(f"{key!r} never applies: the earlier pattern {by!r} takes every tenant it "
+                                       "matches" for key, by in dead)
+                             + "; allowed: a pattern before the more general ones that would take its tenants, or none")
         return value
 
     @property
@@ -838,6 +845,9 @@ class StageConfig(_Section):
         check_domains(self.domains, self.tenancy, stage_name=self.name, copies_min=self.endpoint.copies_min,
                       copies_max=self.endpoint.copies_max,
                       capacity=self.endpoint.instances_max * self.copies_per_instance if known else None)
+        idle = tenancy_without_effect(self.tenancy, bool(self.domains))
+        if idle:
+            raise ValueError(idle)
         if self.tenancy.require_isolation and self.tenants_sharing_a_cache:
             raise ValueError("tenancy.require_isolation: " + "; ".join(self.tenants_sharing_a_cache))
         deployment, periods = self.deployment, self.alarms.evaluation_periods

@@ -15,6 +15,7 @@ from pydantic import Field, field_validator
 from prefix_routing.rules.domains import MAX_DOMAINS, MAX_TENANT_ENTRIES
 from prefix_routing.rules.domains import TrustDomains  # noqa: F401 - the stacks read the stage, not the rules
 from prefix_routing.rules.limits import MAX_PATTERN
+from prefix_routing.rules.tenant_match import shadowed
 from prefix_routing.stage.section import Section, allowed
 
 #: A domain's name: lower-case letters, digits and single hyphens (it becomes part of a component's name).
@@ -104,6 +105,18 @@ def check_domains(domains: dict[str, DomainSettings], tenancy: TenancySettings, 
                 raise ValueError(f"domains: tenant {tenant!r} is in both {owner[tenant]!r} and {name!r}; allowed: "
                                  "one domain per tenant")
             owner[tenant] = name
+    dead = shadowed(list(owner))  # in file order: the order the front door tries the patterns in
+    if dead:
+        raise ValueError("domains: " + "; ".join(
+            f"domains.{owner[key]} tenant {key!r} never applies: the earlier pattern {by!r} (domains.{owner[by]}) "
+            "takes every tenant it matches" for key, by in dead) + "; allowed: a pattern before the more general ones "
+            "that would take its tenants, or none")
+    default = tenancy.default_domain if tenancy.unknown_tenants == "default" else None
+    idle = [name for name, domain in domains.items() if not domain.tenants and name != default]
+    if idle:
+        raise ValueError(f"domains: {', '.join(f'domains.{name}' for name in idle)} name no tenants and are not the "
+                         "default domain: their copies would serve no request; allowed: tenants = [...], or "
+                         "tenancy.default_domain naming it (with tenancy.unknown_tenants = \"default\")")
     total_min = 0
     for name, domain in domains.items():
         low = copies_min if domain.copies_min is None else domain.copies_min
@@ -117,6 +130,24 @@ def check_domains(domains: dict[str, DomainSettings], tenancy: TenancySettings, 
     if capacity is not None and total_min > capacity:
         raise ValueError(f"domains: their copies_min add up to {total_min}, more than the {capacity} copies the "
                          "endpoint's instances_max instances hold; lower the domains' copies_min")
+
+
+def tenancy_without_effect(tenancy: TenancySettings, has_domains: bool) -> str | None:
+    """A line naming the ``[tenancy]`` settings the stage sets that cannot take effect, or None:
+    ``default_domain`` and ``unknown_tenants`` without domains, ``default_domain`` when unknown tenants
+    are refused."""
+    given = tenancy.model_fields_set
+    if not has_domains:
+        idle = [name for name in ("default_domain", "unknown_tenants") if name in given]
+        if idle:
+            return (f"{', '.join(f'tenancy.{name}' for name in idle)}: set on a stage without [domains.<name>], where "
+                    "every tenant is served by the one component; allowed: leave them out, or add the domains "
+                    "they choose between")
+        return None
+    if "default_domain" in given and tenancy.unknown_tenants == "refuse":
+        return ("tenancy.default_domain: set while tenancy.unknown_tenants = \"refuse\", which serves no tenant in a "
+                "default domain; allowed: leave it out, or tenancy.unknown_tenants = \"default\"")
+    return None
 
 
 @dataclass(frozen=True)

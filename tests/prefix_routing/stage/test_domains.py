@@ -46,10 +46,64 @@ def test_no_domains_no_rule():
     assert parse_stage(stage(), source="t").trust_domains() is None
 
 
-def test_refusing_unknown_tenants_needs_no_default_domain():
-    config = parse_stage(stage({"acme": {"tenants": [ACME], "copies_min": 1}},
-                               {"unknown_tenants": "refuse", "default_domain": "nowhere"}), source="t")
+def test_refusing_unknown_tenants_needs_no_default_domain_and_takes_none():
+    config = parse_stage(stage({"acme": {"tenants": [ACME], "copies_min": 1}}, {"unknown_tenants": "refuse"}),
+                         source="t")
     assert config.trust_domains().default is None
+    [line] = problems(stage({"acme": {"tenants": [ACME], "copies_min": 1}},
+                            {"unknown_tenants": "refuse", "default_domain": "nowhere"}))
+    assert line.endswith('tenancy.default_domain: set while tenancy.unknown_tenants = "refuse", which serves no tenant '
+                         'in a default domain; allowed: leave it out, or tenancy.unknown_tenants = "default"')
+
+
+# ----------------------------------------------------------------------------- entries that never apply
+
+
+def test_a_catch_all_before_another_domain_takes_its_tenants_and_is_refused():
+    shadowing = {"catchall": {"tenants": ["*"], "copies_min": 1},
+                 "acme": {"tenants": ["arn:aws:iam::111122223333:role/acme-*", ACME], "copies_min": 1}}
+    [line] = problems(stage(shadowing, {"default_domain": "catchall"}))
+    assert line.endswith("domains: domains.acme tenant 'arn:aws:iam::111122223333:role/acme-*' never applies: the "
+                         "earlier pattern '*' (domains.catchall) takes every tenant it matches; allowed: a pattern "
+                         "before the more general ones that would take its tenants, or none")
+    # The other way round, or an exact id after the catch-all (a tenant's own id comes first): both apply.
+    reordered = {"acme": shadowing["acme"], "catchall": shadowing["catchall"]}
+    assert parse_stage(stage(reordered, {"default_domain": "catchall"}), source="t").domains
+    exact_after = {"catchall": {"tenants": ["*"], "copies_min": 1}, "acme": {"tenants": [ACME], "copies_min": 1}}
+    assert parse_stage(stage(exact_after, {"default_domain": "catchall"}), source="t").domains
+
+
+def test_a_narrower_pattern_after_a_wider_one_is_named_with_both():
+    found = problems(stage({"default": {"copies_min": 1},
+                            "a": {"tenants": ["arn:aws:iam::*:role/team-*"], "copies_min": 1},
+                            "b": {"tenants": ["arn:aws:iam::111122223333:role/team-?x"], "copies_min": 1}},
+                           instances_max=3))
+    assert len(found) == 1 and "domains.b tenant 'arn:aws:iam::111122223333:role/team-?x' never applies" in found[0]
+    assert "'arn:aws:iam::*:role/team-*' (domains.a)" in found[0]
+
+
+def test_a_domain_that_names_no_tenant_and_is_not_the_default_serves_no_one():
+    [line] = problems(stage({"default": {"copies_min": 1}, "spare": {"copies_min": 1}}))
+    assert line.endswith('domains: domains.spare name no tenants and are not the default domain: their copies would '
+                         'serve no request; allowed: tenants = [...], or tenancy.default_domain naming it (with '
+                         'tenancy.unknown_tenants = "default")')
+    # With unknown tenants refused there is no default domain: a domain without tenants serves no one either.
+    [line] = problems(stage({"acme": {"tenants": [ACME], "copies_min": 1}, "default": {"copies_min": 1}},
+                            {"unknown_tenants": "refuse"}))
+    assert "domains.default name no tenants" in line
+
+
+@pytest.mark.parametrize("tenancy, named", [
+    ({"default_domain": "acme"}, "tenancy.default_domain"),
+    ({"unknown_tenants": "refuse"}, "tenancy.unknown_tenants"),
+    ({"default_domain": "default", "unknown_tenants": "default"}, "tenancy.default_domain, tenancy.unknown_tenants"),
+])
+def test_tenancy_settings_on_a_stage_without_domains_are_refused(tenancy, named):
+    [line] = problems(stage(None, tenancy))
+    assert line.endswith(f"{named}: set on a stage without [domains.<name>], where every tenant is served by the one "
+                         "component; allowed: leave them out, or add the domains they choose between")
+    # require_isolation takes effect without domains (every tenant shares the one component): allowed
+    assert parse_stage(stage(None, {"require_isolation": False}), source="t")
 
 
 @pytest.mark.parametrize("domains, tenancy, words", [
