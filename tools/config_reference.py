@@ -27,6 +27,7 @@ from pydantic import BaseModel  # noqa: E402
 from pydantic_core import PydanticUndefined  # noqa: E402
 
 from prefix_routing.stage import config as stage_config  # noqa: E402
+from prefix_routing.stage.reference_text import allowed_text, code_span, type_text, without_none  # noqa: E402
 
 OUTPUT = ROOT / stage_config.REFERENCE_DOC
 COMMAND = ".venv/bin/python tools/config_reference.py"
@@ -45,54 +46,10 @@ def _cell(text: str) -> str:
     return "`".join(pieces).replace("|", "\\|")
 
 
-def _code(value: Any) -> str:
-    return f"`{value}`"
-
-
 def _docstring(model: type[BaseModel]) -> str:
     """The class docstring's paragraphs, reStructuredText ``code`` as Markdown `code`."""
     paragraphs = re.split(r"\n\s*\n", model.__doc__ or "")
     return "\n\n".join(" ".join(p.split()).replace("``", "`") for p in paragraphs if p.strip())
-
-
-def _without_none(annotation: Any) -> tuple[Any, bool]:
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if len(args) == 1 and len(typing.get_args(annotation)) == 2:
-            return args[0], True
-    return annotation, False
-
-
-def _strip_annotated(annotation: Any) -> tuple[Any, list[Any]]:
-    if typing.get_origin(annotation) is typing.Annotated:
-        base, *metadata = typing.get_args(annotation)
-        flattened = []
-        for m in metadata:  # Field(...) inside Annotated carries its constraints in .metadata
-            flattened.extend(getattr(m, "metadata", None) or [m])
-        return base, flattened
-    return annotation, []
-
-
-def type_text(annotation: Any) -> str:
-    base, optional = _without_none(annotation)
-    base, _ = _strip_annotated(base)
-    origin = typing.get_origin(base)
-    if origin is Literal:
-        values = typing.get_args(base)
-        text = "integer" if all(isinstance(v, int) for v in values) else "string"
-    elif origin is list:
-        (item,) = typing.get_args(base)
-        text = f"list of {type_text(item)}s"
-    elif origin is dict:
-        _, value = typing.get_args(base)
-        inner = (("limits" if value.__name__ == "TenantLimitSettings" else "sections (below)")
-                 if isinstance(value, type) and issubclass(value, BaseModel) else f"{type_text(value)}s")
-        text = f"table of {inner}"
-    elif origin in (typing.Union, types.UnionType):  # e.g. a rate or `auto`
-        text = " or ".join(type_text(arg) for arg in typing.get_args(base))
-    else:
-        text = {str: "string", int: "integer", float: "number", bool: "boolean"}[base]
-    return f"{text} or unset" if optional else text
 
 
 def default_text(field: Any) -> str:
@@ -108,58 +65,12 @@ def default_text(field: Any) -> str:
     if value is None:
         return "unset"
     if isinstance(value, bool):
-        return _code(str(value).lower())
+        return code_span(str(value).lower())
     if isinstance(value, str):
-        return _code(f'"{value}"')
+        return code_span(f'"{value}"')
     if isinstance(value, (list, dict)):
-        return _code("[]" if isinstance(value, list) else "{}") if not value else _code(value)
-    return _code(value)
-
-
-def _constraint_parts(metadata: list[Any]) -> list[str]:
-    parts = []
-    bounds = stage_config.range_text(metadata)
-    if bounds:
-        parts.append(bounds)
-    lengths = {type(m).__name__: getattr(m, "min_length", None) or getattr(m, "max_length", None)
-               for m in metadata if type(m).__name__ in ("MinLen", "MaxLen")}
-    if "MinLen" in lengths and "MaxLen" in lengths:
-        parts.append(f"{lengths['MinLen']} to {lengths['MaxLen']} characters")
-    elif "MaxLen" in lengths:
-        parts.append(f"at most {lengths['MaxLen']} characters")
-    elif "MinLen" in lengths:
-        parts.append(f"at least {lengths['MinLen']} characters")
-    for m in metadata:
-        pattern = getattr(m, "pattern", None)
-        if pattern:
-            parts.append(f"matches {_code(pattern)}")
-    return parts
-
-
-def allowed_text(field: Any) -> str:
-    base, _ = _without_none(field.annotation)
-    base, inner = _strip_annotated(base)
-    parts: list[str] = []
-    origin = typing.get_origin(base)
-    if origin is Literal:
-        parts.append(", ".join(_code(v) for v in typing.get_args(base)))
-    if origin in (list, dict):
-        limit = next((m.max_length for m in field.metadata if type(m).__name__ == "MaxLen"), None)
-        if limit is not None:
-            parts.append(f"at most {limit} entries")
-        if origin is list:
-            _, item_metadata = _strip_annotated(typing.get_args(base)[0])
-            item_parts = _constraint_parts(item_metadata)
-            if item_parts:
-                parts.append("each " + ", ".join(item_parts))
-    else:
-        parts.extend(_constraint_parts(list(field.metadata) + inner))
-    extra = (field.json_schema_extra or {}).get("allowed")
-    if extra:
-        parts.append(extra)
-    if not parts:
-        return "`true`, `false`" if base is bool else "any"
-    return "; ".join(parts)
+        return code_span("[]" if isinstance(value, list) else "{}") if not value else code_span(value)
+    return code_span(value)
 
 
 def _rows(model: type[BaseModel], prefix: str) -> list[str]:
@@ -167,7 +78,7 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
     for name, field in model.model_fields.items():
         if _is_section(field.annotation):
             continue
-        cells = (_code(prefix + name), type_text(field.annotation), default_text(field), allowed_text(field),
+        cells = (code_span(prefix + name), type_text(field.annotation), default_text(field), allowed_text(field),
                  field.description or "")
         rows.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return rows
@@ -187,7 +98,7 @@ def _named_sections(model: type[BaseModel], prefix: str = "") -> list[tuple[str,
     ``[limits.tenants."<id>"]`` override has the ``[limits]`` fields)."""
     found = []
     for name, field in model.model_fields.items():
-        base, _ = _without_none(field.annotation)
+        base, _ = without_none(field.annotation)
         if typing.get_origin(base) is dict:
             _, value = typing.get_args(base)
             if isinstance(value, type) and issubclass(value, BaseModel) and not issubclass(model, value):

@@ -14,11 +14,12 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import typing
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from prefix_routing.rules.constants import FINGERPRINT_HEX_DIGITS, MAX_BODY_BYTES_LIMIT
 from prefix_routing.rules.limits import LIMIT_NAMES, MAX_LIMIT, MAX_OVERRIDES, MAX_PATTERN, LimitSettings, TenantLimits
@@ -26,6 +27,7 @@ from prefix_routing.rules.domains import MAX_DOMAINS, TrustDomains, shared_witho
 from prefix_routing.rules.sampling import MIN_RATE
 from prefix_routing.stage.benchmark import BenchmarkSettings
 from prefix_routing.rules.tenant_match import shadowed
+from prefix_routing.stage.reference_text import allowed_words, range_text, without_none
 from prefix_routing.stage.domains import (ComponentPlan, DomainSettings, TenancySettings, check_domains, component_name,
                                           tenancy_without_effect)
 from prefix_routing.stage.presets import INSTANCES
@@ -325,7 +327,7 @@ class ModelSettings(_Section):
     @classmethod
     def _pinned(cls, value: str) -> str:
         if value == "latest":
-            raise ValueError("pin a tag; 'latest' changes under a running endpoint")
+            raise ValueError("'latest' changes under a running endpoint; allowed: a pinned tag")
         return value
 
     @field_validator("model_s3_uri")
@@ -452,7 +454,7 @@ class RoutingSettings(_Section):
                 "allowed: RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE (simulate KV_AWARE in the lab)"
             )
         if value not in ROUTING_STRATEGIES:
-            raise ValueError(f"must be one of {', '.join(ROUTING_STRATEGIES)}")
+            raise ValueError(f"allowed: one of {', '.join(ROUTING_STRATEGIES)}")
         return value
 
     @model_validator(mode="after")
@@ -489,7 +491,7 @@ class MetricsSettings(_Section):
     @classmethod
     def _frequency(cls, value: int) -> int:
         if value not in PUBLISH_FREQUENCIES:
-            raise ValueError(f"must be one of {', '.join(map(str, PUBLISH_FREQUENCIES))}")
+            raise ValueError(f"allowed: one of {', '.join(map(str, PUBLISH_FREQUENCIES))}")
         return value
 
 
@@ -1045,36 +1047,22 @@ DEFAULT_STAGE_DATA: dict[str, Any] = {
 
 
 def field_at(loc: tuple[Any, ...]) -> Any:
-    """The pydantic FieldInfo of the field at ``loc`` (e.g. ``("routing", "prefix_length")``), or None."""
+    """The pydantic FieldInfo of the field at ``loc`` (e.g. ``("routing", "prefix_length")``, or
+    ``("limits", "tenants", "<key>", "concurrent_streams")`` inside a table of sections), or None."""
     model: Any = StageConfig
     field = None
-    for part in loc:
+    parts = list(loc)
+    while parts:
+        part = parts.pop(0)
         fields = getattr(model, "model_fields", None)
         if not fields or part not in fields:
             return None
         field = fields[part]
-        model = field.annotation
+        model = without_none(field.annotation)[0]
+        if typing.get_origin(model) is dict and parts:  # a table of sections: its key, then the section
+            model = typing.get_args(model)[1]
+            parts.pop(0)
     return field
-
-
-def range_text(metadata: Any) -> str | None:
-    """'from 1024 to 65536', 'more than 0, less than 1'... from a field's Ge/Gt/Le/Lt bounds, or None."""
-    bounds = {
-        type(m).__name__: getattr(m, type(m).__name__.lower())
-        for m in (metadata or ())
-        if type(m).__name__ in ("Ge", "Gt", "Le", "Lt")
-    }
-    low = bounds.get("Ge", bounds.get("Gt"))
-    high = bounds.get("Le", bounds.get("Lt"))
-    if low is None and high is None:
-        return None
-    low_word = "more than" if "Gt" in bounds else "from"
-    high_word = "less than" if "Lt" in bounds else "to"  # "to 1" would wrongly allow 1
-    if high is None:
-        return f"{low_word} {low}"
-    if low is None:
-        return f"at most {high}" if high_word == "to" else f"less than {high}"
-    return f"{low_word} {low} to {high}" if high_word == "to" else f"{low_word} {low}, {high_word} {high}"
 
 
 def _allowed_range(loc: tuple[Any, ...]) -> str | None:
@@ -1096,20 +1084,31 @@ def _format_error(source: str, error: dict[str, Any]) -> str:
         # A variable's name or value: the value is never shown whole (it may be a secret).
         if loc[-1] == "[key]":
             return f"{source}: model.environment key {error['input']!r}: {message}"
+        if "allowed" not in message:
+            message = "allowed: a string"  # a value of another type (TOML gives numbers and booleans)
         return f"{source}: model.environment.{loc[2]} = {_shown_environment_value(error['input'])}: {message}"
     if error["type"] == "too_long" and isinstance(error["input"], (dict, list)):
         limit = error.get("ctx", {}).get("max_length")
         why = (f" (SageMaker takes {ENVIRONMENT_MAX_ENTRIES} variables; the stack sets up to {STACK_ENVIRONMENT_ENTRIES})"
                if loc == ("model", "environment") else "")
         return f"{source}: {path}: {len(error['input'])} entries; allowed: at most {limit}{why}"
-    if isinstance(error["input"], dict):  # a rule across fields: the message names them and their values
+    field = field_at(tuple(part for part in loc if not isinstance(part, int)))  # a list's items: the list's field
+    leaf = field is not None and not _is_section(field.annotation)
+    if isinstance(error["input"], dict) and not leaf:  # a rule across fields: the message names them and their values
         return f"{source}: {path}: {message}"
     if error["type"] in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
         message = _allowed_range(loc) or message
     if error["type"] == "finite_number":  # inf, -inf, nan
         bounds = _allowed_range(loc)
         message = f"{bounds}, a finite number" if bounds else "allowed: a finite number"
+    if "allowed" not in message and leaf:  # pydantic's own words (a type, a pattern): what the reference says instead
+        message = allowed_words(field) if error["type"] != "value_error" else f"{message}; {allowed_words(field)}"
     return f"{source}: {path} = {error['input']!r}: {message}"
+
+
+def _is_section(annotation: Any) -> bool:
+    base = without_none(annotation)[0]
+    return isinstance(base, type) and issubclass(base, BaseModel)
 
 
 def parse_stage(data: dict[str, Any], *, source: str) -> StageConfig:

@@ -135,8 +135,9 @@ def check_domains(domains: dict[str, DomainSettings], tenancy: TenancySettings, 
 def tenancy_without_effect(tenancy: TenancySettings, has_domains: bool) -> str | None:
     """A line naming the ``[tenancy]`` settings the stage sets that cannot take effect, or None:
     ``default_domain`` and ``unknown_tenants`` without domains, ``default_domain`` when unknown tenants
-    are refused."""
-    given = tenancy.model_fields_set
+    are refused. A setting is set when it differs from its default (a default written out, as a stage
+    dumped and read again writes it, changes nothing)."""
+    given = {name for name, field in TenancySettings.model_fields.items() if getattr(tenancy, name) != field.default}
     if not has_domains:
         idle = [name for name in ("default_domain", "unknown_tenants") if name in given]
         if idle:

@@ -68,14 +68,15 @@ ALLOWED_URI = ("allowed: s3://<bucket>/<prefix>/: a bucket name of 3-63 lowercas
     ({"s3_uri": "https://acme-bench/b/"},
      f"stage.toml: benchmark.s3_uri = 'https://acme-bench/b/': must begin with s3://; {ALLOWED_URI}"),
     ({"s3_uri": "s3://acme-bench/b/", "role_arn": "arn:aws:iam::111122223333:user/bob"},
-     "stage.toml: benchmark.role_arn = 'arn:aws:iam::111122223333:user/bob': String should match pattern "
-     r"'^arn:aws[a-z\-]*:iam::\d{12}:role/?[a-zA-Z_0-9+=,.@\-_/]+$'"),
+     "stage.toml: benchmark.role_arn = 'arn:aws:iam::111122223333:user/bob': allowed: a string; at most 2048 "
+     r"characters; matches `^arn:aws[a-z\-]*:iam::\d{12}:role/?[a-zA-Z_0-9+=,.@\-_/]+$`"),
     ({"s3_uri": "s3://acme-bench/b/", "tokenizer": "meta llama"},
-     "stage.toml: benchmark.tokenizer = 'meta llama': String should match pattern "
-     r"'^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$'"),
+     "stage.toml: benchmark.tokenizer = 'meta llama': allowed: a string; matches "
+     r"`^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$`"),
     ({"s3_uri": "s3://acme-bench/b/", "hf_token_secret_arn": "arn:aws:ssm:us-east-1:111122223333:parameter/hf"},
-     "stage.toml: benchmark.hf_token_secret_arn = 'arn:aws:ssm:us-east-1:111122223333:parameter/hf': String should "
-     r"match pattern '^arn:aws[a-z\-]*:secretsmanager:[a-z]{2}(-[a-z]+)+-\d:\d{12}:secret:[A-Za-z0-9/_+=.@-]+$'"),
+     "stage.toml: benchmark.hf_token_secret_arn = 'arn:aws:ssm:us-east-1:111122223333:parameter/hf': allowed: a "
+     r"string; at most 2048 characters; matches "
+     r"`^arn:aws[a-z\-]*:secretsmanager:[a-z]{2}(-[a-z]+)+-\d:\d{12}:secret:[A-Za-z0-9/_+=.@-]+$`"),
     ({"role_arn": ROLE},
      "stage.toml: benchmark: role_arn is set but s3_uri is not; allowed: set s3_uri (s3://<bucket>/<prefix>/) to "
      "benchmark this stage, or leave [benchmark] out"),
@@ -84,7 +85,10 @@ ALLOWED_URI = ("allowed: s3://<bucket>/<prefix>/: a bucket name of 3-63 lowercas
      " to benchmark this stage, or leave [benchmark] out"),
     ({"s3_uri": "s3://acme-bench/b/", "bucket": "acme-bench"},
      "stage.toml: benchmark.bucket: unknown key (a typo?); see the configuration reference in docs/configuration.md"),
-    ({"s3_uri": 5}, "stage.toml: benchmark.s3_uri = 5: Input should be a valid string"),
+    ({"s3_uri": 5}, "stage.toml: benchmark.s3_uri = 5: allowed: a string; at most 1024 characters; "
+                    "`s3://<bucket>/<prefix>/`: a bucket name of 3–63 lowercase letters, digits, `.` and `-` (S3's naming "
+                    "rules), folder names of letters, digits and `! - _ . ' ( )`, each ending with `/` (`*` and `?` "
+                    "would be IAM wildcards in the role's grant)"),
 ])
 def test_a_bad_field_is_one_line_naming_field_value_and_allowed(fields, expected):
     assert problems(stage(**fields)) == [expected]

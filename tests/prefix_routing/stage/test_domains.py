@@ -96,14 +96,16 @@ def test_a_domain_that_names_no_tenant_and_is_not_the_default_serves_no_one():
 @pytest.mark.parametrize("tenancy, named", [
     ({"default_domain": "acme"}, "tenancy.default_domain"),
     ({"unknown_tenants": "refuse"}, "tenancy.unknown_tenants"),
-    ({"default_domain": "default", "unknown_tenants": "default"}, "tenancy.default_domain, tenancy.unknown_tenants"),
+    ({"default_domain": "shared", "unknown_tenants": "refuse"}, "tenancy.default_domain, tenancy.unknown_tenants"),
 ])
 def test_tenancy_settings_on_a_stage_without_domains_are_refused(tenancy, named):
     [line] = problems(stage(None, tenancy))
     assert line.endswith(f"{named}: set on a stage without [domains.<name>], where every tenant is served by the one "
                          "component; allowed: leave them out, or add the domains they choose between")
-    # require_isolation takes effect without domains (every tenant shares the one component): allowed
-    assert parse_stage(stage(None, {"require_isolation": False}), source="t")
+    # require_isolation takes effect without domains (every tenant shares the one component), and the
+    # defaults written out change nothing (a stage dumped and read again): allowed
+    assert parse_stage(stage(None, {"require_isolation": False, "default_domain": "default",
+                                    "unknown_tenants": "default"}), source="t")
 
 
 @pytest.mark.parametrize("domains, tenancy, words", [

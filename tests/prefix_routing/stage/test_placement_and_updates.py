@@ -37,15 +37,15 @@ def test_the_defaults_spread_copies_cache_artifacts_and_roll_one_copy_at_a_time(
 
 
 @pytest.mark.parametrize("sections, expected", [
-    ({"endpoint": {"placement": "RANDOM"}}, "s.toml: endpoint.placement = 'RANDOM': Input should be 'SPREAD' or 'BINPACK'"),
-    ({"endpoint": {"placement": "spread"}}, "s.toml: endpoint.placement = 'spread': Input should be 'SPREAD' or 'BINPACK'"),
+    ({"endpoint": {"placement": "RANDOM"}}, "s.toml: endpoint.placement = 'RANDOM': allowed: one of `SPREAD`, `BINPACK`"),
+    ({"endpoint": {"placement": "spread"}}, "s.toml: endpoint.placement = 'spread': allowed: one of `SPREAD`, `BINPACK`"),
     ({"endpoint": {"az_max_imbalance": -1}}, "s.toml: endpoint.az_max_imbalance = -1: allowed: from 0 to 100"),
     ({"endpoint": {"az_max_imbalance": 101}}, "s.toml: endpoint.az_max_imbalance = 101: allowed: from 0 to 100"),
-    ({"endpoint": {"data_cache": "yes"}}, "s.toml: endpoint.data_cache = 'yes': Input should be a valid boolean"),
+    ({"endpoint": {"data_cache": "yes"}}, "s.toml: endpoint.data_cache = 'yes': allowed: `true` or `false`"),
     ({"metrics": {"detailed_observability": 1}},
-     "s.toml: metrics.detailed_observability = 1: Input should be a valid boolean"),
+     "s.toml: metrics.detailed_observability = 1: allowed: `true` or `false`"),
     ({"deployment": {"batch_type": "ALL_AT_ONCE"}},
-     "s.toml: deployment.batch_type = 'ALL_AT_ONCE': Input should be 'COPY_COUNT' or 'CAPACITY_PERCENT'"),
+     "s.toml: deployment.batch_type = 'ALL_AT_ONCE': allowed: one of `COPY_COUNT`, `CAPACITY_PERCENT`"),
     ({"deployment": {"batch_size": 0}}, "s.toml: deployment.batch_size = 0: allowed: from 1 to 1000"),
     ({"deployment": {"batch_type": "CAPACITY_PERCENT", "batch_size": 4}},
      "s.toml: deployment: batch_size (4) with batch_type CAPACITY_PERCENT; allowed: 5 to 50"),
