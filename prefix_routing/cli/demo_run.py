@@ -145,7 +145,8 @@ def emulator_process(stage: StageConfig, *, speed: float, cache_tokens: float | 
     with ``front_door`` (``emulate --front-door``, which also starts the limits' store when the stage
     sets limits) the pair (runtime URL, front door URL)."""
     with tempfile.TemporaryDirectory() as config_dir:
-        (Path(config_dir) / f"{stage.name}.toml").write_text(_toml(stage.model_dump(mode="json")))
+        stage_file = Path(config_dir) / f"{stage.name}.toml"
+        stage_file.write_text(_toml(stage.model_dump(mode="json", exclude_unset=True)))
         port = free_port()
         command = [sys.executable, "-m", "prefix_routing", "emulate", "--stage", stage.name, "--port", str(port),
                    "--speed", str(speed), "--duration", "3600"]
@@ -194,7 +195,7 @@ def run_case(workload: Workload, client: str, *, concurrency: int, seed: int) ->
     through_front_door = client == FRONT_DOOR
     stage = workload.stage
     if through_front_door:
-        data = stage.model_dump(mode="json")
+        data = stage.model_dump(mode="json", exclude_unset=True)
         data["limits"] = {"concurrent_streams": concurrency}
         stage = parse_stage(data, source="demo")
     with emulator_process(stage, speed=workload.speed, cache_tokens=workload.cache_tokens, seed=seed,

@@ -232,10 +232,12 @@ def _serve(args, config, server, model: str) -> None:
 
                 store = LocalDynamo()
                 store_url = store.url
+            timeout_ms, timeout_source = store_timeout(config)
             front_door = LocalFrontDoor(server.url, front_door_environment(config), port=args.front_door,
-                                        limits_store_url=store_url)
+                                        limits_store_url=store_url, store_timeout_ms=timeout_ms)
             limits = (f"  per-tenant limits {config.limits.to_rules(60).default.as_dict() or 'by tenant'}: counts in "
-                      f"dynalite at {store_url} (pid {store.pid})\n" if store is not None and config.limits.enabled
+                      f"dynalite at {store_url} (pid {store.pid}), store timeout {timeout_ms} ms ({timeout_source})\n"
+                      if store is not None and config.limits.enabled
                       else f"  replica steering: hot prefixes' states in dynalite at {store_url} (pid {store.pid})\n"
                       if store is not None else "")
             print(
@@ -261,6 +263,17 @@ def _serve(args, config, server, model: str) -> None:
         if store is not None:
             store.stop()
         server.stop()
+
+
+def store_timeout(config) -> tuple[int, str]:
+    """The limits' store timeout of the local front door, and whose it is: the stage's when it sets one,
+    else one that suits dynalite on a loaded machine (the stage's default suits DynamoDB in Lambda)."""
+    from prefix_routing.frontdoor.local import LOCAL_STORE_TIMEOUT_MS
+
+    if "store_timeout_ms" in config.limits.model_fields_set:
+        return config.limits.store_timeout_ms, "the stage's limits.store_timeout_ms"
+    return LOCAL_STORE_TIMEOUT_MS, (f"dynalite on this machine; the stage sets none, and in Lambda the default is "
+                                    f"{config.limits.store_timeout_ms} ms")
 
 
 def _number(flag: str, text: str) -> float:

@@ -65,7 +65,11 @@ class Throttled(Exception):
 
 
 class LimitsUnavailable(Exception):
-    """The store failed and the stage says ``on_store_error = "closed"``: answer 503."""
+    """The store failed and the stage says ``on_store_error = "closed"``: answer 503 with ``headers``."""
+
+    def __init__(self, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.headers = headers or {}
 
 
 @dataclass(slots=True)
@@ -301,9 +305,11 @@ class Limiter:
             maybe_held = lease if _may_have_been_applied(error) else None
             if self.settings.on_store_error == "closed":
                 self.finish(Admission(tenant, rule, limits, lease=maybe_held), None)
-                raise LimitsUnavailable("the per-tenant limits could not be checked") from None
+                raise LimitsUnavailable("the per-tenant limits could not be checked",
+                                        _headers(limits, None, reset, unchecked=True)) from None
             admission.store_error = True
             admission.lease = maybe_held
+            admission.headers = _headers(limits, None, reset, unchecked=True)
             admission.took_ms = (time.perf_counter() - started) * 1000.0
             return admission
         if isinstance(counted, Refused):
@@ -345,17 +351,26 @@ def _may_have_been_applied(error: Exception) -> bool:
     return not isinstance(error, (ClientError, NotConnected))
 
 
-def _headers(limits: TenantLimits, counted: Counted | None, reset: int) -> dict[str, str]:
-    """The ``x-ratelimit-*`` headers of an answer (remaining 0 when refused)."""
+#: Said on the answers of a request the store could not count (``x-ratelimit-store``): its limits
+#: were not checked, so no ``remaining`` figure is given.
+STORE_UNAVAILABLE: Final = "unavailable"
+
+
+def _headers(limits: TenantLimits, counted: Counted | None, reset: int, *, unchecked: bool = False) -> dict[str, str]:
+    """The ``x-ratelimit-*`` headers of an answer (remaining 0 when refused; none, and
+    ``x-ratelimit-store: unavailable``, when the store could not be asked)."""
     headers = {}
     for name, limit, used in (("requests", limits.requests_per_minute, counted.requests if counted else None),
                               ("tokens", limits.tokens_per_minute, counted.tokens if counted else None),
                               ("streams", limits.concurrent_streams, counted.leases if counted else None)):
         if limit is not None:
             headers[f"x-ratelimit-limit-{name}"] = str(limit)
-            headers[f"x-ratelimit-remaining-{name}"] = str(max(0, limit - used) if used is not None else 0)
+            if not unchecked:
+                headers[f"x-ratelimit-remaining-{name}"] = str(max(0, limit - used) if used is not None else 0)
             if name != "streams":
                 headers[f"x-ratelimit-reset-{name}"] = f"{reset}s"
+    if unchecked:
+        headers["x-ratelimit-store"] = STORE_UNAVAILABLE
     return headers
 
 
@@ -376,7 +391,7 @@ def admit_request(limiter: Limiter, tenant: str, body_bytes: int, record: Any,
         record.limiter_store_error, record.origin = True, "internal"
         message = f"{unavailable}: the request is refused until they can"
         return 503, "limits_unavailable", {"error": {"code": "limits_unavailable", "message": message,
-                                                     "status": 503}}, {}
+                                                     "status": 503}}, unavailable.headers
     if admission is not None:
         record.limit_rule, record.limiter_ms = admission.rule, admission.took_ms
         record.limiter_store_error = admission.store_error

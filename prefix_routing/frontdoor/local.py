@@ -41,6 +41,10 @@ from prefix_routing.frontdoor.webapp import (
     make_server,
 )
 
+#: The limits' store timeout on this machine, unless the stage sets one: dynalite (a Node.js server)
+#: on a loaded 2-core machine answered slower than the stage's 50 ms default for 30 of 49 admissions,
+#: which were then served unchecked; DynamoDB in Lambda answers in a few milliseconds.
+LOCAL_STORE_TIMEOUT_MS: Final = 1000
 #: The local front door's tenant key (not a secret: it salts local routing ids only).
 LOCAL_TENANT_KEY: Final = b"prefix-routing-local-front-door-key"
 LOCAL_ACCOUNT: Final = "000000000000"
@@ -143,6 +147,16 @@ def create_limits_table(client: Any, table: str) -> None:
         pass
 
 
+def with_store_timeout(environment: Mapping[str, str], store_timeout_ms: int | None) -> dict[str, str]:
+    """The front door's environment with its limits' store timeout (``LIMITS``) set to ``store_timeout_ms``
+    (None: as it is)."""
+    environment = dict(environment)
+    if store_timeout_ms is not None and environment.get("LIMITS"):
+        limits = {**json.loads(environment["LIMITS"]), "store_timeout_ms": store_timeout_ms}
+        environment["LIMITS"] = json.dumps(limits, separators=(",", ":"), sort_keys=True)
+    return environment
+
+
 class LocalFrontDoor:
     """The front door's web app serving on ``127.0.0.1:port`` in a thread; ``url``, ``invoker``, ``stop()``.
 
@@ -154,8 +168,9 @@ class LocalFrontDoor:
 
     def __init__(self, runtime_url: str, environment: Mapping[str, str], *, port: int = 0,
                  key: bytes = LOCAL_TENANT_KEY, emit: Callable[[str], None] | None = None,
-                 limits_store_url: str | None = None) -> None:
-        environment = dict(environment)
+                 limits_store_url: str | None = None, store_timeout_ms: int | None = None) -> None:
+        """``store_timeout_ms``: the limits' store timeout instead of the environment's (the stage's)."""
+        environment = with_store_timeout(environment, store_timeout_ms)
         if environment.get("LIMITS"):
             environment.setdefault("LIMITS_TABLE", LOCAL_LIMITS_TABLE)
         if limits_store_url is not None:

@@ -10,7 +10,7 @@ from prefix_routing.stage.config import parse_stage
 
 def test_stage_round_trips_through_toml():
     stage = _stage("ml.p5.48xlarge", 7, strategy="PREFIX_AWARE", prefix_length=4096, threshold=10)
-    assert parse_stage(tomllib.loads(_toml(stage.model_dump(mode="json"))), source="t") == stage
+    assert parse_stage(tomllib.loads(_toml(stage.model_dump(mode="json", exclude_unset=True))), source="t") == stage
 
 
 @pytest.fixture(scope="module")

@@ -167,3 +167,26 @@ def test_emulate_front_door_starts_the_limits_store_when_the_stage_sets_limits_a
     except ProcessLookupError:
         alive = False
     assert not alive  # stopped by its pid when emulate ended
+
+
+def test_the_local_front_door_waits_for_dynalite_unless_the_stage_says_how_long():
+    import copy
+
+    from prefix_routing.cli.emulate import store_timeout
+    from prefix_routing.frontdoor.config import InvokeConfig
+    from prefix_routing.frontdoor.local import LOCAL_STORE_TIMEOUT_MS, with_store_timeout
+    from prefix_routing.stage.config import DEFAULT_STAGE_DATA, parse_stage
+    from prefix_routing.stage.front_door_env import front_door_environment
+
+    data = copy.deepcopy(DEFAULT_STAGE_DATA)
+    data["limits"] = {"concurrent_streams": 3}
+    unset = parse_stage(data, source="t")
+    assert store_timeout(unset) == (LOCAL_STORE_TIMEOUT_MS, "dynalite on this machine; the stage sets none, and in "
+                                    "Lambda the default is 50 ms") and LOCAL_STORE_TIMEOUT_MS == 1000
+    data["limits"]["store_timeout_ms"] = 50
+    assert store_timeout(parse_stage(data, source="t")) == (50, "the stage's limits.store_timeout_ms")
+    # The local front door reads its limits from the environment the stage gives, with the timeout set.
+    environment = with_store_timeout(front_door_environment(unset), LOCAL_STORE_TIMEOUT_MS)
+    assert InvokeConfig.from_env({**environment, "LIMITS_TABLE": "t"}).limits.store_timeout_ms == 1000
+    assert with_store_timeout(front_door_environment(unset), None) == front_door_environment(unset)
+    assert "LIMITS" not in with_store_timeout({"ENDPOINT_NAME": "e"}, 1000)

@@ -167,18 +167,22 @@ def test_a_minute_refusal_says_retry_at_the_next_minute(limit, value):
     assert error.message == f"{limit}: the tenant's {value} for this minute are used; retry in 50 s"
 
 
-def test_a_failing_store_open_serves_the_request_unchecked():
+def test_a_failing_store_open_serves_the_request_unchecked_and_says_so():
     store = FakeStore(RuntimeError("timeout"))
     admission = gate(store, concurrent_streams=1, requests_per_minute=5).admit("acme", 100)
     assert admission.store_error is True
-    # The write may have been applied: the lease is kept to give back; no minute, no headers.
-    assert (admission.lease, admission.window, admission.headers) == ("lease-1", None, {})
+    # The write may have been applied: the lease is kept to give back; no minute. The answer still says
+    # the tenant's limits, that the store did not count it, and no remaining figure it cannot know.
+    assert (admission.lease, admission.window) == ("lease-1", None)
+    assert admission.headers == {"x-ratelimit-limit-requests": "5", "x-ratelimit-reset-requests": f"{RESET}s",
+                                 "x-ratelimit-limit-streams": "1", "x-ratelimit-store": "unavailable"}
     assert admission.took_ms >= 0.0
 
 
-def test_a_failing_store_closed_refuses():
-    with pytest.raises(LimitsUnavailable, match="^the per-tenant limits could not be checked$"):
+def test_a_failing_store_closed_refuses_with_the_limits_headers():
+    with pytest.raises(LimitsUnavailable, match="^the per-tenant limits could not be checked$") as refused:
         gate(FakeStore(RuntimeError("timeout")), on_store_error="closed", concurrent_streams=1).admit("acme", 100)
+    assert refused.value.headers == {"x-ratelimit-limit-streams": "1", "x-ratelimit-store": "unavailable"}
 
 
 def admitted(store, **limits) -> Admission:
@@ -292,7 +296,8 @@ def test_admit_request_with_the_store_down_and_closed_answers_503():
     record, state = record_and_state()
     limiter = gate(FakeStore(OSError("down")), on_store_error="closed", concurrent_streams=1)
     status, code, body, headers = admit_request(limiter, "acme", 100, record, state)
-    assert (status, code, headers) == (503, "limits_unavailable", {})
+    assert (status, code) == (503, "limits_unavailable")
+    assert headers == {"x-ratelimit-limit-streams": "1", "x-ratelimit-store": "unavailable"}
     assert body == {"error": {"code": "limits_unavailable", "status": 503,
                               "message": "the per-tenant limits could not be checked: the request is refused "
                                          "until they can"}}
@@ -303,7 +308,8 @@ def test_admit_request_with_the_store_down_and_open_notes_the_error():
     record, state = record_and_state()
     limiter = gate(FakeStore(OSError("down")), concurrent_streams=1)
     assert admit_request(limiter, "acme", 100, record, state) is None
-    assert (record.limit_rule, record.limiter_store_error, state.limit_headers) == ("default", True, {})
+    assert (record.limit_rule, record.limiter_store_error) == ("default", True)
+    assert state.limit_headers == {"x-ratelimit-limit-streams": "1", "x-ratelimit-store": "unavailable"}
 
 
 # --- DynamoLimitStore's writes, checked with botocore's Stubber ------------------------------------------
