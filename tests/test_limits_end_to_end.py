@@ -5,6 +5,8 @@ environments share the table.
 - Exactness: however many of a tenant's callers press at once, the endpoint never has more than
   its ``concurrent_streams`` of that tenant's answers in flight (from the emulator's own record).
 - A front door killed mid-stream holds its slot only until its lease runs out.
+- A store frozen for 8 s (paused by its process id) leaves leases behind that refuse a tenant within
+  its limit for at most one lease after it resumes, whatever the function's timeout.
 """
 
 from __future__ import annotations
@@ -77,9 +79,9 @@ def doors():
     started.stop()
 
 
-def _call(port: int, tenant: str = "tenant-a", *, read: bool = True, timeout: float = 30):
+def _call(port: int, tenant: str = "tenant-a", *, read: bool = True, timeout: float = 30, max_tokens: int = 6):
     body = json.dumps({"messages": [{"role": "user", "content": "one two three four five six"}],
-                       "stream": True, "max_tokens": 6}).encode()
+                       "stream": True, "max_tokens": max_tokens}).encode()
     url = f"http://127.0.0.1:{port}/"
     signed = AWSRequest(method="POST", url=url, data=body, headers={"content-type": "application/json"})
     SigV4Auth(Credentials(tenant, "not-checked-locally"), "lambda", "us-east-1").add_auth(signed)
@@ -181,3 +183,22 @@ def test_a_noisy_tenant_is_refused_with_retry_after_and_the_quiet_one_is_served(
     noisy_id = routing_identity("arn:aws:iam::000000000000:user/noisy", None, LOCAL_TENANT_KEY).prefix_aware_id
     noisy_served = [r for r in records if r.request.headers.prefix_aware_id == noisy_id]
     assert len(noisy_served) == noisy_statuses.count(200) and _most_in_flight(noisy_served) <= 2
+
+
+def test_after_a_store_freeze_false_refusals_stop_within_one_lease():
+    """Three callers against ``concurrent_streams = 3`` (every 429 is false), each process as in
+    production (the emulator, the front door with the default stage's limits environment and the local
+    store timeout, dynalite), the store paused by its process id for 8 s. Admissions and releases that
+    time out meanwhile are written or lost when it resumes: the leases they leave are nobody's, and must
+    stop refusing within one lease of the store resuming, whatever the function's timeout."""
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    if str(bench) not in sys.path:
+        sys.path.insert(0, str(bench))
+    from bench_limits_faults import run_freeze
+
+    from prefix_routing.rules.limits import LEASE_S
+
+    result = run_freeze(clients=3, freeze_s=8, after_s=LEASE_S + 5, warm_s=4)
+    assert result["refused_before"] == 0 and result["served"] > 0 and result["errors"] == 0, result
+    last = result["last_refusal_after_resume_s"]
+    assert last is None or last <= LEASE_S, f"false refusals went on {last:.1f} s after the store resumed"

@@ -235,7 +235,7 @@ def _serve(args, config, server, model: str) -> None:
             timeout_ms, timeout_source = store_timeout(config)
             front_door = LocalFrontDoor(server.url, front_door_environment(config), port=args.front_door,
                                         limits_store_url=store_url, store_timeout_ms=timeout_ms)
-            limits = (f"  per-tenant limits {config.limits.to_rules(60).default.as_dict() or 'by tenant'}: counts in "
+            limits = (f"  per-tenant limits {config.limits.to_rules().default.as_dict() or 'by tenant'}: counts in "
                       f"dynalite at {store_url} (pid {store.pid}), store timeout {timeout_ms} ms ({timeout_source})\n"
                       if store is not None and config.limits.enabled
                       else f"  replica steering: hot prefixes' states in dynalite at {store_url} (pid {store.pid})\n"

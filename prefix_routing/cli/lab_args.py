@@ -163,7 +163,7 @@ def limits_from_args(args) -> "LimitSettings | None":
         if given == "off":
             settings = None
         elif given:
-            settings = load_limits(given, stage)
+            settings = load_limits(given)
         else:
             settings = stage_limits(stage) if stage is not None else None
         args._limits = settings if settings is not None and settings.enabled else None

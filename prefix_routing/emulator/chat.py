@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from prefix_routing.emulator.backend import BackendResponse, ErrorReply
 from prefix_routing.emulator.protocol import RuntimeRequest, _log_stream_arn
+from prefix_routing.rules.limits import OUTPUT_LIMIT_FIELDS, output_limit_values
 
 #: The last server-sent event of an OpenAI-style stream.
 SSE_DONE = b"data: [DONE]\n\n"
@@ -78,18 +79,15 @@ class ChatRequest:
         return self.answer_words[i % len(self.answer_words)]
 
 
-#: The body fields that bound the answer's length, in vLLM's order of precedence (``max_completion_tokens
-#: or max_tokens``), then the LMI/TGI ``parameters.max_new_tokens``.
-LIMIT_FIELDS = ("max_completion_tokens", "max_tokens", "parameters.max_new_tokens")
+#: The body fields that bound the answer's length (the front door's limits charge the same ones).
+LIMIT_FIELDS = OUTPUT_LIMIT_FIELDS
 
 
 def _limit(body: dict[str, Any]) -> tuple[str, int] | None:
     """(field, value) of the body's token limit, each present field checked as vLLM's request model checks
     it: an integer (a float with no fraction counts, as pydantic's lax mode takes it), at least 1.
     Raises ValueError naming the field, the value and what is allowed."""
-    parameters = body.get("parameters")
-    values = {"max_completion_tokens": body.get("max_completion_tokens"), "max_tokens": body.get("max_tokens"),
-              "parameters.max_new_tokens": parameters.get("max_new_tokens") if isinstance(parameters, dict) else None}
+    values = output_limit_values(body) if isinstance(body, dict) else {}
     checked: dict[str, int] = {}
     for name, value in values.items():
         if value is None:

@@ -236,7 +236,7 @@ class Invoker:
         record.body_bytes = len(prepared.normalized.body)
         record.normalize_ms = prepared.normalize_ms
         if self.limiter is not None:
-            refusal = admit_request(self.limiter, prepared.tenant, len(prepared.normalized.body), record, state)
+            refusal = admit_request(self.limiter, prepared.tenant, prepared.normalized.body, record, state)
             if refusal is not None:
                 yield from self._answer_error(request, record, state, *refusal)
                 return

@@ -6,14 +6,16 @@ one item per tenant (``tenant#<id>``), and an admission is one atomic conditiona
 (:mod:`prefix_routing.rules.limits` is the rule):
 
 - ``leases``: the tenant's streams in flight, a map lease → expiry (epoch seconds). Admission sets
-  one lease under the condition ``size(leases) < concurrent_streams``; the end of the answer
-  (success, error, timeout or a caller gone) removes it. An environment that dies mid-stream
-  leaves its lease to expire: when the map is full, expired leases are removed (each only if it is
-  unchanged) and the write is tried again.
+  one lease under the condition ``size(leases) < concurrent_streams``; while the answer streams
+  this environment renews it (:mod:`prefix_routing.frontdoor.lease_renewal`), and the end of the
+  answer (success, error, timeout or a caller gone) removes it. A lease nobody renews (an
+  environment that died mid-stream, a lost release) expires within ``lease_s``: when the map is
+  full, expired leases are removed (each only if it is unchanged) and the write is tried again.
 - ``win``, ``r``, ``tk``: the calendar minute counted and its requests and tokens. In the same
-  minute admission adds 1 and the request's token estimate under the condition that both stay within
-  their limits; the first request of a new minute resets them. After the answer the estimate is
-  replaced by the engine's own usage (prompt + completion), if the minute is still the same.
+  minute admission adds 1 and the request's charge (its prompt estimate plus the output it asks
+  for) under the condition that both stay within their limits; the first request of a new minute
+  resets them. After the answer the charge is replaced by the engine's own usage (prompt +
+  completion), if the minute is still the same.
 
 Both parts are in the same write, so a request is admitted by both limits or by neither. The write
 is chosen from what this environment last saw of the tenant's minute; when its condition fails,
@@ -27,12 +29,14 @@ is refused (503). Nothing here imports boto3: the DynamoDB client is passed in.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from prefix_routing.frontdoor.lease_renewal import LeaseRenewer
 from prefix_routing.rules.limits import (
     CONCURRENT_STREAMS,
     STREAM_RETRY_AFTER_S,
@@ -40,7 +44,9 @@ from prefix_routing.rules.limits import (
     WINDOW_S,
     LimitSettings,
     TenantLimits,
+    admission_charge,
     admission_refusal,
+    requested_output_tokens,
     token_estimate,
     window_of,
     window_reset_s,
@@ -75,14 +81,15 @@ class LimitsUnavailable(Exception):
 @dataclass(slots=True)
 class Admission:
     """What one admitted request holds: its lease and minute (to release and correct at the end),
-    the rule that applied, the headers for its answer, and whether the store failed."""
+    the tokens it was charged, the rule that applied, the headers for its answer, and whether the
+    store failed."""
 
     tenant: str
     rule: str
     limits: TenantLimits
     lease: str | None = None
     window: int | None = None
-    estimate: int = 0
+    charge: int = 0
     headers: dict[str, str] = field(default_factory=dict)
     store_error: bool = False
     took_ms: float = 0.0
@@ -114,24 +121,24 @@ class DynamoLimitStore:
         self.table = table_name
         self._minute_seen: dict[str, int] = {}  # tenant → the minute its item last held, as seen here
 
-    def admit(self, tenant: str, limits: TenantLimits, lease: str | None, estimate: int, now_s: float,
+    def admit(self, tenant: str, limits: TenantLimits, lease: str | None, charge: int, now_s: float,
               lease_s: float) -> Counted | Refused:
-        """Take ``lease`` (if the tenant has a stream limit) and count one request of ``estimate``
+        """Take ``lease`` (if the tenant has a stream limit) and count one request of ``charge``
         tokens in the minute of ``now_s`` (if it has per-minute limits), both or neither."""
         key = {KEY: {"S": f"tenant#{tenant}"}}
         window = window_of(now_s)
         counts_minute = limits.requests_per_minute is not None or limits.tokens_per_minute is not None
         new_minute = counts_minute and self._minute_seen.get(tenant, -1) < window
         for _ in range(MAX_WRITES):
-            written = self._write(key, limits, lease, estimate, window, now_s + lease_s, new_minute)
+            written = self._write(key, limits, lease, charge, window, now_s + lease_s, new_minute)
             if written is not None:
                 self._saw(tenant, window)
                 return written
             item = self.client.get_item(TableName=self.table, Key=key, ConsistentRead=True).get("Item")
             if item is None:
-                if self._create(key, limits, lease, estimate, window, now_s + lease_s):
+                if self._create(key, limits, lease, charge, window, now_s + lease_s):
                     self._saw(tenant, window)
-                    return Counted(1 if lease else 0, 1, estimate)
+                    return Counted(1 if lease else 0, 1, charge)
                 continue  # another environment created it first
             if lease is not None and "leases" not in item:
                 self._add_lease_map(key)
@@ -141,7 +148,7 @@ class DynamoLimitStore:
             same_minute = counts_minute and held_minute == window
             refused = admission_refusal(limits, len(leases) - len(expired),
                                         _int(item.get("r")) if same_minute else 0,
-                                        _int(item.get("tk")) if same_minute else 0, estimate)
+                                        _int(item.get("tk")) if same_minute else 0, charge)
             self._saw(tenant, min(held_minute, window))
             if refused is not None:
                 return Refused(refused)
@@ -150,12 +157,27 @@ class DynamoLimitStore:
             new_minute = counts_minute and held_minute < window
         raise RuntimeError(f"tenant {tenant}: no admission after {MAX_WRITES} writes (contention)")
 
+    def renew(self, tenant: str, lease: str, expires_s: float) -> bool:
+        """Move ``lease``'s expiry to ``expires_s`` (and the item's with it); False if the table no
+        longer holds it (it expired and was cleaned, or was given back). Off the first token's path:
+        the release client's bound."""
+        client = self.release_client
+        try:
+            client.update_item(
+                TableName=self.table, Key={KEY: {"S": f"tenant#{tenant}"}},
+                UpdateExpression="SET leases.#l = :e, #t = :keep", ConditionExpression="attribute_exists(leases.#l)",
+                ExpressionAttributeNames={"#l": lease, "#t": TTL_ATTRIBUTE},
+                ExpressionAttributeValues={":e": {"N": _num(expires_s)}, ":keep": {"N": _num(expires_s + KEEP_S)}})
+        except client.exceptions.ConditionalCheckFailedException:
+            return False
+        return True
+
     def _saw(self, tenant: str, window: int) -> None:
         if len(self._minute_seen) >= 10_000:  # bounded: a guess, not a fact, may be forgotten
             self._minute_seen.clear()
         self._minute_seen[tenant] = window
 
-    def _write(self, key: dict, limits: TenantLimits, lease: str | None, estimate: int, window: int,
+    def _write(self, key: dict, limits: TenantLimits, lease: str | None, charge: int, window: int,
                expires_s: float, new_minute: bool) -> Counted | None:
         sets, adds, conditions = [f"#t = :keep"], [], []
         names: dict[str, str] = {"#t": TTL_ATTRIBUTE}
@@ -167,7 +189,7 @@ class DynamoLimitStore:
             values[":streams"] = {"N": str(limits.concurrent_streams)}
             conditions.append("size(leases) < :streams")
         if limits.requests_per_minute is not None or limits.tokens_per_minute is not None:
-            values.update({":w": {"N": str(window)}, ":one": {"N": "1"}, ":est": {"N": str(estimate)}})
+            values.update({":w": {"N": str(window)}, ":one": {"N": "1"}, ":est": {"N": str(charge)}})
             if new_minute:  # the first request of its minute: the counts start again
                 sets += ["win = :w", "r = :one", "tk = :est"]
                 conditions.append("(attribute_not_exists(win) OR win < :w)")
@@ -179,7 +201,7 @@ class DynamoLimitStore:
                     values[":rl"] = {"N": str(limits.requests_per_minute)}
                 if limits.tokens_per_minute is not None:
                     conditions.append("tk <= :tl")
-                    values[":tl"] = {"N": str(limits.tokens_per_minute - estimate)}
+                    values[":tl"] = {"N": str(limits.tokens_per_minute - charge)}
         update = "SET " + ", ".join(sets) + (" ADD " + ", ".join(adds) if adds else "")
         try:
             answer = self.client.update_item(
@@ -198,11 +220,11 @@ class DynamoLimitStore:
         attributes = answer.get("Attributes") or {}
         return Counted(len(_leases(attributes)), _int(attributes.get("r")), _int(attributes.get("tk")))
 
-    def _create(self, key: dict, limits: TenantLimits, lease: str | None, estimate: int, window: int,
+    def _create(self, key: dict, limits: TenantLimits, lease: str | None, charge: int, window: int,
                 expires_s: float) -> bool:
         item = {**key, TTL_ATTRIBUTE: {"N": _num(max(expires_s, (window + 1) * WINDOW_S) + KEEP_S)},
                 "leases": {"M": {lease: {"N": _num(expires_s)}} if lease else {}},
-                "win": {"N": str(window)}, "r": {"N": "1"}, "tk": {"N": str(estimate)}}
+                "win": {"N": str(window)}, "r": {"N": "1"}, "tk": {"N": str(charge)}}
         try:
             self.client.put_item(TableName=self.table, Item=item, ConditionExpression="attribute_not_exists(#k)",
                                  ExpressionAttributeNames={"#k": KEY})
@@ -271,35 +293,48 @@ def _leases(item: Any) -> dict[str, float]:
 class Limiter:
     """Admits a tenant's request before the endpoint is called and frees what it held after.
 
-    ``store`` is a :class:`DynamoLimitStore` (or anything with its ``admit`` and ``finish``);
-    ``clock`` gives epoch seconds; ``new_lease`` a fresh lease id.
+    ``store`` is a :class:`DynamoLimitStore` (or anything with its ``admit``, ``renew`` and
+    ``finish``); ``clock`` gives epoch seconds; ``new_lease`` a fresh lease id. The leases of the
+    streams in flight are renewed by ``renewer`` (by default one with a thread of its own).
     """
 
     def __init__(self, settings: LimitSettings, store: Any, *, clock: Callable[[], float] = time.time,
-                 new_lease: Callable[[], str] = lambda: uuid.uuid4().hex[:16]) -> None:
+                 new_lease: Callable[[], str] = lambda: uuid.uuid4().hex[:16],
+                 renewer: LeaseRenewer | None = None) -> None:
         self.settings = settings
         self.store = store
         self.clock = clock
         self.new_lease = new_lease
+        self.renewer = renewer if renewer is not None else LeaseRenewer(
+            lambda tenant, lease, expires_s: self.store.renew(tenant, lease, expires_s), settings.lease_s, clock=clock)
 
-    def admit(self, tenant: str, body_bytes: int) -> Admission | None:
-        """The request's admission (None: the tenant has no limit); raises :class:`Throttled` or
-        :class:`LimitsUnavailable`."""
+    def charges_tokens(self, tenant: str) -> bool:
+        """Whether ``tenant`` has a ``tokens_per_minute`` (only then does the output asked for matter)."""
+        return self.settings.for_tenant(tenant)[1].tokens_per_minute is not None
+
+    def admit(self, tenant: str, body_bytes: int, output_tokens: int | None = None) -> Admission | None:
+        """The admission of a request of ``body_bytes`` that asks for at most ``output_tokens``
+        (None: it names no limit, and the stage's ``default_max_tokens`` is charged). None: the
+        tenant has no limit. Raises :class:`Throttled` or :class:`LimitsUnavailable`."""
         rule, limits = self.settings.for_tenant(tenant)
         if limits.unlimited:
             return None
         started = time.perf_counter()
         now = self.clock()
-        admission = Admission(tenant, rule, limits, estimate=token_estimate(body_bytes))
+        charge = admission_charge(body_bytes, output_tokens, self.settings.default_max_tokens)
+        admission = Admission(tenant, rule, limits, charge=charge)
         reset = window_reset_s(now)
         per_minute = limits.requests_per_minute is not None or limits.tokens_per_minute is not None
-        if limits.tokens_per_minute is not None and admission.estimate > limits.tokens_per_minute:
+        if limits.tokens_per_minute is not None and charge > limits.tokens_per_minute:
+            asked = (f"{output_tokens} output tokens asked" if output_tokens is not None else
+                     f"{self.settings.default_max_tokens} output tokens charged for a request without max_tokens")
             raise Throttled(TOKENS_PER_MINUTE, limits.tokens_per_minute, reset, _headers(limits, None, reset),
-                            f"tokens_per_minute: this request alone (about {admission.estimate} prompt tokens) "
-                            f"exceeds the tenant's {limits.tokens_per_minute}")
+                            f"tokens_per_minute: this request alone (about {token_estimate(body_bytes)} prompt "
+                            f"tokens + {asked}) exceeds the tenant's {limits.tokens_per_minute}; set max_tokens "
+                            "lower")
         lease = self.new_lease() if limits.concurrent_streams is not None else None
         try:
-            counted = self.store.admit(tenant, limits, lease, admission.estimate, now, self.settings.lease_s)
+            counted = self.store.admit(tenant, limits, lease, charge, now, self.settings.lease_s)
         except Exception as error:  # noqa: BLE001 - the store failed (timeout, connection, throttling, a bug of its own)
             # A write that timed out may have been applied all the same: its lease is given back at the end.
             maybe_held = lease if _may_have_been_applied(error) else None
@@ -320,19 +355,24 @@ class Limiter:
             raise Throttled(counted.limit, value, reset, _headers(limits, None, reset),
                             f"{counted.limit}: the tenant's {value} for this minute are used; retry in {reset} s")
         admission.lease = lease
+        if lease is not None:
+            self.renewer.hold(tenant, lease)
         admission.window = window_of(now) if per_minute else None
         admission.headers = _headers(limits, counted, reset)
         admission.took_ms = (time.perf_counter() - started) * 1000.0
         return admission
 
     def finish(self, admission: Admission | None, tokens_used: int | None) -> None:
-        """Free the stream and replace the token estimate by the engine's usage (when reported), in
-        one write. Never raises: a failure here leaves the lease to expire and the estimate counted."""
+        """Free the stream and replace the charge by the engine's usage (when reported), in one
+        write. Never raises: a failure here leaves the lease to expire (within ``lease_s``: nothing
+        renews it now) and the charge counted."""
         if admission is None:
             return
+        if admission.lease is not None:
+            self.renewer.drop(admission.lease)
         correct = (admission.window is not None and admission.limits.tokens_per_minute is not None
                    and tokens_used is not None)
-        delta = tokens_used - admission.estimate if correct else None
+        delta = tokens_used - admission.charge if correct else None
         if admission.lease is None and not delta:
             return
         try:
@@ -374,13 +414,20 @@ def _headers(limits: TenantLimits, counted: Counted | None, reset: int, *, unche
     return headers
 
 
-def admit_request(limiter: Limiter, tenant: str, body_bytes: int, record: Any,
+def admit_request(limiter: Limiter, tenant: str, body: bytes, record: Any,
                   state: Any) -> tuple[int, str, dict, dict[str, str]] | None:
-    """Admit one request of the front door under its tenant's limits, noting on its ``record`` (the
-    log line) what applied and on ``state`` what it holds; if refused, (status, code, JSON body,
-    headers) of the answer: 429 over a limit, 503 when the store failed and the stage says closed."""
+    """Admit one request of the front door (its canonical ``body``) under its tenant's limits,
+    noting on its ``record`` (the log line) what applied and on ``state`` what it holds; if refused,
+    (status, code, JSON body, headers) of the answer: 429 over a limit, 503 when the store failed and
+    the stage says closed."""
+    output_tokens = None
+    if limiter.charges_tokens(tenant):  # the body is read again only where tokens are counted
+        try:
+            output_tokens = requested_output_tokens(json.loads(body))
+        except ValueError:  # not JSON: charged the stage's default
+            pass
     try:
-        admission = state.admission = limiter.admit(tenant, body_bytes)
+        admission = state.admission = limiter.admit(tenant, len(body), output_tokens)
     except Throttled as throttled:
         record.limit_rule = limiter.settings.for_tenant(tenant)[0]
         record.throttled_by, record.origin = throttled.limit, "client"

@@ -3,15 +3,17 @@
 The rule is :mod:`prefix_routing.rules.limits` (which limits a tenant has, what one admission
 decides); this module keeps what the front door keeps in its table, for one run of the model:
 
-- a tenant's **stream leases** (lease → expiry, ``lease_s`` after admission), taken when a request
-  is admitted and given back when its answer ends (its last token, or the invocation timeout);
+- a tenant's **stream leases**, taken when a request is admitted and given back when its answer
+  ends (its last token, or the invocation timeout); the front door renews a lease while its answer
+  streams, so here a lease is held until then (no environment dies in the model);
 - a tenant's **minute** (calendar minutes of ``origin_s + now``: a request log's epoch seconds, or
-  the trace's own clock): requests counted on admission, tokens charged by the up-front estimate
-  (:func:`~prefix_routing.rules.limits.token_estimate` of the body's bytes, here prompt tokens ×
-  ``bytes_per_token``) and, when the answer ends, corrected to its prompt + output tokens (a failed
-  answer reports no usage: the estimate stays);
+  the trace's own clock): requests counted on admission, tokens charged by the up-front
+  :func:`~prefix_routing.rules.limits.admission_charge` (the prompt estimated from the body's
+  bytes, here prompt tokens × ``bytes_per_token``, plus the output asked for: a trace does not say
+  what a request asked, so the output it got) and, when the answer ends, corrected to its prompt +
+  output tokens (a failed answer reports no usage: the charge stays);
 - a refusal's **Retry-After**: 1 s for streams (no one knows when a stream ends), the seconds to the
-  next minute for the windows; a request whose estimate alone exceeds ``tokens_per_minute`` is
+  next minute for the windows; a request whose charge alone exceeds ``tokens_per_minute`` is
   refused for good.
 
 A request refused by one limit takes nothing from the other (the front door gives back what the
@@ -22,6 +24,7 @@ No clock, no I/O: every call takes ``now``, and calls come in time order.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from heapq import heappop, heappush
 from pathlib import Path
@@ -35,7 +38,7 @@ from prefix_routing.rules.limits import (
     TOKENS_PER_MINUTE,
     LimitSettings,
     TenantLimits,
-    token_estimate,
+    admission_charge,
     window_of,
     window_reset_s,
 )
@@ -61,7 +64,7 @@ class Ticket:
     tenant: str
     lease: int | None
     window: int | None
-    estimate: int
+    charge: int  # the tokens charged up front (replaced by the answer's usage at its end)
     charges_tokens: bool
 
 
@@ -77,7 +80,7 @@ class LimitModel:
         self.origin_s = origin_s
         self.bytes_per_token = bytes_per_token
         self._rules: dict[str, TenantLimits] = {}
-        self._leases: dict[str, dict[int, float]] = {}
+        self._leases: dict[str, dict[int, float]] = {}  # tenant → lease → expiry
         self._minute: dict[str, list[int]] = {}  # tenant → [minute, requests, tokens] (its latest minute)
         self._ends: list = []  # heap of (answer's end, order, ticket, tokens used or None)
         self._order = 0
@@ -88,18 +91,20 @@ class LimitModel:
             limits = self._rules[tenant] = self.settings.for_tenant(tenant)[1]
         return limits
 
-    def admit(self, tenant: str, now: float, prompt_tokens: float) -> Ticket | Refusal:
-        """Admit a request of ``tenant`` at ``now`` (a ticket to :meth:`end`), or refuse it."""
+    def admit(self, tenant: str, now: float, prompt_tokens: float, output_tokens: float = 0) -> Ticket | Refusal:
+        """Admit a request of ``tenant`` at ``now`` that asks for ``output_tokens`` (a ticket to
+        :meth:`end`), or refuse it."""
         limits = self.limits_of(tenant)
         if limits.unlimited:
             return UNLIMITED
         self.settle(now)
         clock = self.origin_s + now
         windowed = limits.requests_per_minute is not None or limits.tokens_per_minute is not None
-        minute = estimate = None
+        minute = charge = None
         if windowed:
-            estimate = token_estimate(int(prompt_tokens * self.bytes_per_token))
-            if limits.tokens_per_minute is not None and estimate > limits.tokens_per_minute:
+            charge = admission_charge(int(prompt_tokens * self.bytes_per_token), int(output_tokens),
+                                        self.settings.default_max_tokens)
+            if limits.tokens_per_minute is not None and charge > limits.tokens_per_minute:
                 return Refusal(TOKENS_PER_MINUTE, window_reset_s(clock), final=True)
             minute = window_of(clock)
             counts = self._minute.get(tenant)
@@ -109,7 +114,7 @@ class LimitModel:
         held = sum(1 for expires in leases.values() if expires > now)
         # The front door's own decision (rules.limits.admission_refusal): the same limit refuses here.
         refused = admission_refusal(limits, held, counts[1] if windowed else 0, counts[2] if windowed else 0,
-                                    estimate or 0)
+                                    charge or 0)
         if refused == CONCURRENT_STREAMS:
             return Refusal(CONCURRENT_STREAMS, STREAM_RETRY_AFTER_S)
         if refused is not None:
@@ -118,15 +123,15 @@ class LimitModel:
         if limits.concurrent_streams is not None:
             lease = self._order
             self._order += 1
-            leases[lease] = now + self.settings.lease_s
+            leases[lease] = math.inf  # renewed while its answer streams: held until end() gives it back
         if windowed:
             counts[1] += 1
-            counts[2] += estimate
-        return Ticket(tenant, lease, minute, estimate or 0, limits.tokens_per_minute is not None)
+            counts[2] += charge
+        return Ticket(tenant, lease, minute, charge or 0, limits.tokens_per_minute is not None)
 
     def end(self, ticket: Ticket, end_s: float, tokens_used: float | None) -> None:
         """The answer of an admitted request ends at ``end_s`` (its lease is given back then, and its
-        minute's estimate replaced by ``tokens_used``; None: no usage reported)."""
+        minute's charge replaced by ``tokens_used``; None: no usage reported)."""
         if ticket is UNLIMITED:
             return
         heappush(self._ends, (end_s, self._order, ticket, tokens_used))
@@ -142,7 +147,7 @@ class LimitModel:
             if ticket.charges_tokens and used is not None:
                 counts = self._minute.get(ticket.tenant)
                 if counts is not None and counts[0] == ticket.window:  # an earlier minute no longer decides
-                    counts[2] += int(used) - ticket.estimate
+                    counts[2] += int(used) - ticket.charge
 
     def in_flight(self, tenant: str, now: float) -> int:
         """The tenant's unexpired stream leases at ``now`` (after the answers ended by then)."""
@@ -151,20 +156,16 @@ class LimitModel:
 
 
 def stage_limits(stage: "StageConfig") -> LimitSettings:
-    """The stage's ``[limits]`` as its front door enforces them (the lease outlives the function)."""
-    from prefix_routing.stage.front_door_env import LEASE_MARGIN_S
-
-    return stage.limits.to_rules(stage.normalizer.timeout_s + LEASE_MARGIN_S)
+    """The stage's ``[limits]`` as its front door enforces them."""
+    return stage.limits.to_rules()
 
 
-def load_limits(path: str | Path, stage: "StageConfig | None" = None) -> LimitSettings:
+def load_limits(path: str | Path) -> LimitSettings:
     """A file's limits: TOML or JSON in the stage's ``[limits]`` shape (the table itself, or a file
-    with a ``[limits]`` table), or the front door's ``LIMITS`` value (``{"default": ...}``). The
-    leases last as the stage's (or the default stage's) function allows."""
+    with a ``[limits]`` table), or the front door's ``LIMITS`` value (``{"default": ...}``)."""
     import tomllib
 
-    from prefix_routing.stage.config import LimitsSettings, NormalizerFunctionSettings
-    from prefix_routing.stage.front_door_env import LEASE_MARGIN_S
+    from prefix_routing.stage.config import LimitsSettings
 
     path = Path(path)
     try:
@@ -184,9 +185,8 @@ def load_limits(path: str | Path, stage: "StageConfig | None" = None) -> LimitSe
             return LimitSettings.from_mapping(data)
         except (ValueError, TypeError) as error:
             raise UserError(f"--limits {path}: {error}") from None
-    timeout_s = stage.normalizer.timeout_s if stage is not None else NormalizerFunctionSettings().timeout_s
     try:
-        return LimitsSettings.model_validate(data).to_rules(timeout_s + LEASE_MARGIN_S)
+        return LimitsSettings.model_validate(data).to_rules()
     except ValueError as error:  # pydantic's ValidationError (the lab does not import pydantic itself)
         details = error.errors() if hasattr(error, "errors") else [{"loc": (), "msg": str(error)}]
         problems = "; ".join(f"limits.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in details)

@@ -79,7 +79,7 @@ def feed_limited(sim, trace: Trace, keys: list, bar=None) -> float:
         """Admit and place request i at ``now``: its finish, or the refusal. ``arrival`` is recorded as
         the simulator's loops record it: the trace's time (``_result`` scales it by 1/speed)."""
         t = tenants[i]
-        decision = model.admit(names[t], now, prompts[i])
+        decision = model.admit(names[t], now, prompts[i], outputs[i])  # a trace records no max_tokens: what it got
         if decision.__class__ is Refusal:
             book.throttled[(t, decision.limit)] += 1
             return decision

@@ -22,7 +22,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from prefix_routing.rules.constants import FINGERPRINT_HEX_DIGITS, MAX_BODY_BYTES_LIMIT
-from prefix_routing.rules.limits import LIMIT_NAMES, MAX_LIMIT, MAX_OVERRIDES, MAX_PATTERN, LimitSettings, TenantLimits
+from prefix_routing.rules.limits import (DEFAULT_MAX_TOKENS, DEFAULT_RULE, LIMIT_NAMES, MAX_LIMIT, MAX_OVERRIDES, MAX_PATTERN,
+                                         LimitSettings, TenantLimits)
 from prefix_routing.rules.domains import MAX_DOMAINS, TrustDomains, shared_without_salt
 from prefix_routing.rules.sampling import MIN_RATE
 from prefix_routing.stage.benchmark import BenchmarkSettings
@@ -678,8 +679,10 @@ class TenantLimitSettings(_Section):
     )
     tokens_per_minute: int | None = Field(
         None, ge=1, le=MAX_LIMIT,
-        description="tokens (prompt + completion, from the engine's usage; the prompt estimated up front from the "
-        "body's size) a tenant may use per calendar minute; unset: unlimited",
+        description="tokens (prompt + completion) a tenant may use per calendar minute; a request is admitted while "
+        "the minute has room for the most it can use (its prompt, estimated from the body's size, plus the output "
+        "it asks for: `max_tokens`, `max_completion_tokens` or `default_max_tokens`), and its answer's own usage "
+        "then replaces that charge; unset: unlimited",
     )
     concurrent_streams: int | None = Field(
         None, ge=1, le=100_000, description="answers a tenant may have in flight at once; unset: unlimited"
@@ -705,6 +708,12 @@ class LimitsSettings(TenantLimitSettings):
     store_timeout_ms: int = Field(
         50, ge=5, le=5000, description="the most one call to the table may take before it counts as a store error"
     )
+    default_max_tokens: int = Field(
+        DEFAULT_MAX_TOKENS, ge=1, le=MAX_LIMIT,
+        description="the output tokens `tokens_per_minute` charges up front for a request that sets none of "
+        "`max_completion_tokens`, `max_tokens` or `parameters.max_new_tokens` (its answer's usage then replaces "
+        "the charge)",
+    )
 
     @field_validator("tenants")
     @classmethod
@@ -722,18 +731,31 @@ class LimitsSettings(TenantLimitSettings):
                              + "; allowed: a pattern before the more general ones that would take its tenants, or none")
         return value
 
+    @model_validator(mode="after")
+    def _default_output_fits(self) -> LimitsSettings:
+        # A request without max_tokens is charged default_max_tokens: above a tokens_per_minute, every
+        # such request of those tenants would be refused for good.
+        small = [("the defaults" if key == DEFAULT_RULE else repr(key), value)
+                 for key, value in self.to_rules().below_default_output()]
+        if small:
+            named = ", ".join(f"{key} {value:,}" for key, value in small)
+            raise ValueError(f"default_max_tokens: got {self.default_max_tokens:,}, above tokens_per_minute ({named}): "
+                             "a request without max_tokens could never be admitted; allowed: at most "
+                             f"{min(value for _, value in small):,}")
+        return self
+
     @property
     def enabled(self) -> bool:
-        return self.to_rules(60).enabled
+        return self.to_rules().enabled
 
-    def to_rules(self, lease_s: int) -> LimitSettings:
-        """The front door's settings; a stream's lease outlives the function's longest request."""
+    def to_rules(self) -> LimitSettings:
+        """The front door's settings (a stream's lease: ``rules.limits.LEASE_S``, renewed while it streams)."""
         def rule(section: TenantLimitSettings) -> TenantLimits:
             return TenantLimits(**{name: getattr(section, name) for name in LIMIT_NAMES})
 
         return LimitSettings(default=rule(self), tenants=tuple((key, rule(value)) for key, value in self.tenants.items()),
                              on_store_error=self.on_store_error, store_timeout_ms=self.store_timeout_ms,
-                             lease_s=min(3600, max(10, lease_s)))
+                             default_max_tokens=self.default_max_tokens)
 
 
 _SAMPLE_ALLOWED = f"allowed: `auto`, or a rate from {MIN_RATE:g} to 1"  # the lowest rate: one log bucket

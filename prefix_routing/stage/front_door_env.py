@@ -20,8 +20,6 @@ from prefix_routing.stage.config import (
 DEADLINE_MARGIN_S = 5
 #: SageMaker's runtime gives a container 60 s to answer; a read waits a little longer than that.
 MAX_READ_TIMEOUT_S = 65
-#: Seconds a stream's lease outlives the function's timeout (a dead environment's slot frees then).
-LEASE_MARGIN_S = 30
 
 
 def front_door_environment(config: StageConfig) -> dict[str, str]:
@@ -60,8 +58,8 @@ def function_environment(*, endpoint_name: str, component_name: str, routing: Ro
         "REPLICATION_STEERING": "true" if replication.steering else "false",
         "COPIES_MIN": str(endpoint.copies_min),
         "COPIES_MAX": str(endpoint.copies_max),
-        # Per-tenant limits ([limits]): a stream's lease outlives the function's longest request.
-        **({"LIMITS": limits.to_rules(normalizer.timeout_s + LEASE_MARGIN_S).to_json()}
+        # Per-tenant limits ([limits]).
+        **({"LIMITS": limits.to_rules().to_json()}
            if limits is not None and limits.enabled else {}),
         **({"DOMAINS": domains.to_json()} if domains is not None else {}),
     }

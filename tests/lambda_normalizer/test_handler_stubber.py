@@ -326,7 +326,7 @@ def test_handler_builds_its_clients_from_the_environment(monkeypatch):
 
 
 def test_with_limits_the_handler_builds_a_bounded_limiter_on_the_stages_table(monkeypatch, local_dynamo):
-    limits = '{"default":{"concurrent_streams":2},"on_store_error":"open","store_timeout_ms":40,"lease_s":150}'
+    limits = '{"default":{"concurrent_streams":2},"on_store_error":"open","store_timeout_ms":40,"lease_s":20}'
     environment_with_a_stubbed_secret(monkeypatch, {"LIMITS": limits, "LIMITS_TABLE": "tenant-limits",
                                                     "AWS_ENDPOINT_URL_DYNAMODB": local_dynamo.url})
     lambda_handler.configure(None)
@@ -341,6 +341,7 @@ def test_with_limits_the_handler_builds_a_bounded_limiter_on_the_stages_table(mo
         assert (release_config.connect_timeout, release_config.read_timeout) == (1.0, 1.0)
         assert release_config.retries["total_max_attempts"] == 1
         assert built.limiter.settings.default.concurrent_streams == 2
+        assert built.limiter.renewer.lease_s == 20 and built.limiter.renewer.interval_s == 20 / 3
     finally:
         lambda_handler.configure(None)
     monkeypatch.delenv("LIMITS")

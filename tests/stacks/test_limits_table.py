@@ -62,7 +62,8 @@ def test_the_function_reads_the_stages_limits_and_table(limited):
     assert config.limits.default.concurrent_streams == 4 and config.limits.default.requests_per_minute == 600
     rule, batch = config.limits.for_tenant("arn:aws:iam::111122223333:role/BatchJobs")
     assert (rule, batch.concurrent_streams, batch.requests_per_minute) == ("arn:aws:iam::111122223333:role/Batch*", 1, 600)
-    assert config.limits.lease_s == 120 + 30  # the function's timeout and a margin: a dead environment's slot frees then
+    assert config.limits.lease_s == 30  # not the function's timeout: renewed while streaming, a dead one frees in 30 s
+    assert config.limits.default_max_tokens == 1024
     assert len(json.dumps(variables)) < 4096  # Lambda's limit on the environment
 
 

@@ -3,6 +3,7 @@ gets, the headers on every answer, the log line and metrics, and the slot freed 
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from prefix_routing import frontdoor
 from prefix_routing.frontdoor.local import create_limits_table, limits_client
 from prefix_routing.rules.limits import LimitSettings, TenantLimits
-from tests.prefix_routing.frontdoor.conftest import KEY, ROLE_TENANT, FakeRuntime, config, sse_chunks, url_event
+from tests.prefix_routing.frontdoor.conftest import CHAT, KEY, ROLE_TENANT, FakeRuntime, config, sse_chunks, url_event
 
 
 @pytest.fixture
@@ -94,18 +95,34 @@ def test_an_endpoint_failure_frees_the_slot_too(make):
     assert invoker.buffered(request()).status == 500  # not 429: the first one gave its slot back
 
 
-def test_tokens_are_charged_from_the_engines_usage(make, lines):
+def asking(max_tokens: int | None) -> frontdoor.FrontRequest:
+    body = {**CHAT, **({"max_tokens": max_tokens} if max_tokens is not None else {})}
+    return frontdoor.request_from_event(url_event(json.dumps(body).encode()))
+
+
+def test_tokens_are_charged_for_the_output_asked_then_from_the_engines_usage(make, lines):
     usage = {"prompt_tokens": 120, "completion_tokens": 30, "total_tokens": 150}
-    invoker, _ = make(runtime=FakeRuntime(sse_chunks(usage=usage)), tokens_per_minute=400)
-    first = invoker.buffered(request())
-    assert first.status == 200 and int(first.headers["x-ratelimit-remaining-tokens"]) < 400
-    second = invoker.buffered(request())  # the minute holds the first's 150 real tokens, not its estimate
-    assert second.status == 200 and lines.requests[-1]["limiter_ms"] is not None
-    third = invoker.buffered(request())
-    assert third.status == 200  # 300 used, the estimate of this small body still fits
-    fourth = invoker.buffered(request())
-    # 150 + 150 + 150 = 450 > 400: the estimate of the fourth no longer fits
-    assert fourth.status == 429 and fourth.body["error"]["limit"] == "tokens_per_minute"
+    invoker, _ = make(runtime=FakeRuntime(sse_chunks(usage=usage)), tokens_per_minute=1000)
+    first = invoker.stream(asking(600))
+    head = next(first)  # streaming: charged its prompt and the 600 tokens it may yet produce
+    remaining = int(head.headers["x-ratelimit-remaining-tokens"])
+    assert remaining < 1000 - 600
+    refused = invoker.buffered(asking(600))  # 2 × (prompt + 600) > 1,000 while the first may use its 600
+    assert refused.status == 429 and refused.body["error"]["limit"] == "tokens_per_minute"
+    assert "the tenant's 1000 for this minute are used" in refused.body["error"]["message"]
+    list(first)  # its answer ends: the engine's 150 replace the charge
+    second = invoker.buffered(asking(600))
+    assert second.status == 200
+    # the minute holds the first's 150 used and the second's charge (the first's, the same body)
+    assert int(second.headers["x-ratelimit-remaining-tokens"]) == 1000 - 150 - (1000 - remaining)
+
+
+def test_a_request_asking_more_than_the_minute_holds_is_refused_for_good(make, lines):
+    invoker, runtime = make(tokens_per_minute=1000)
+    refused = invoker.buffered(asking(1000))  # its prompt + 1,000 can never fit
+    assert refused.status == 429 and "set max_tokens lower" in refused.body["error"]["message"]
+    assert runtime.calls == []
+    assert invoker.buffered(asking(None)).status == 429  # no max_tokens: the stage's 1,024 charged
 
 
 def test_a_store_failure_serves_when_open(lines):

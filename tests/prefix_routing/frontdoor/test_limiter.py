@@ -11,6 +11,7 @@ import uuid
 
 import pytest
 
+from prefix_routing.frontdoor.lease_renewal import LeaseRenewer
 from prefix_routing.frontdoor.limiter import DynamoLimitStore, Limiter, LimitsUnavailable, Throttled
 from prefix_routing.frontdoor.local import create_limits_table, limits_client
 from prefix_routing.rules.limits import LimitSettings, TenantLimits
@@ -34,9 +35,11 @@ def table(local_dynamo):
 
 
 def limiter(local_dynamo, table, clock, *, lease_s=60, on_store_error="open", **limits) -> Limiter:
+    """A limiter on the test's clock; its leases are renewed only when a test calls ``renewer.renew_due()``."""
     settings = LimitSettings(default=TenantLimits(**limits), lease_s=lease_s, on_store_error=on_store_error,
                              store_timeout_ms=2000)
-    return Limiter(settings, DynamoLimitStore(limits_client(local_dynamo.url, 2000), table), clock=clock)
+    store = DynamoLimitStore(limits_client(local_dynamo.url, 2000), table)
+    return Limiter(settings, store, clock=clock, renewer=LeaseRenewer(store.renew, lease_s, clock=clock, background=False))
 
 
 def test_concurrent_streams_admit_up_to_the_limit_and_a_finished_one_frees_its_slot(local_dynamo, table):
@@ -64,6 +67,35 @@ def test_a_lease_left_by_a_dead_environment_expires(local_dynamo, table):
     assert gate.admit("acme", 100).headers["x-ratelimit-remaining-streams"] == "1"
 
 
+def test_a_stream_that_renews_its_lease_keeps_its_slot_past_the_lease(local_dynamo, table):
+    clock = Clock()
+    gate = limiter(local_dynamo, table, clock, concurrent_streams=1, lease_s=30)
+    streaming = gate.admit("acme", 100)
+    for _ in range(4):  # 40 s of answer, a renewal every 10 s: each writes now + 30
+        clock.now += 10.0
+        assert gate.renewer.renew_due() == 1
+    with pytest.raises(Throttled):
+        gate.admit("acme", 100)  # 40 s after admission: still held
+    gate.finish(streaming, tokens_used=None)
+    assert gate.renewer.held == 0
+    clock.now += 10.0
+    assert gate.renewer.renew_due() == 0  # given back: nothing renews it
+    admitted = gate.admit("acme", 100)
+    gate.finish(admitted, tokens_used=None)
+
+
+def test_a_renewal_of_a_lease_the_table_no_longer_holds_does_not_bring_it_back(local_dynamo, table):
+    clock = Clock()
+    gate = limiter(local_dynamo, table, clock, concurrent_streams=1, lease_s=30)
+    gate.admit("acme", 100)
+    clock.now += 31.0  # no renewal in time (a frozen store): expired, and a new admission cleans it
+    other = limiter(local_dynamo, table, clock, concurrent_streams=1, lease_s=30)
+    assert other.admit("acme", 100) is not None
+    assert gate.renewer.renew_due() == 1 and gate.renewer.held == 0  # gone from the table: dropped here
+    with pytest.raises(Throttled):
+        other.admit("acme", 100)  # one lease, the new one: the renewal added none
+
+
 def test_requests_per_minute_count_a_calendar_minute(local_dynamo, table):
     clock = Clock()
     gate = limiter(local_dynamo, table, clock, requests_per_minute=5)
@@ -77,18 +109,18 @@ def test_requests_per_minute_count_a_calendar_minute(local_dynamo, table):
     assert gate.admit("acme", 100).headers["x-ratelimit-remaining-requests"] == "4"
 
 
-def test_tokens_per_minute_charge_an_estimate_then_the_engines_usage(local_dynamo, table):
+def test_tokens_per_minute_charge_the_most_a_request_can_use_then_the_engines_usage(local_dynamo, table):
     gate = limiter(local_dynamo, table, Clock(), tokens_per_minute=1000)
-    first = gate.admit("acme", 2000)  # 2,000 bytes: 500 tokens estimated
-    assert first.estimate == 500 and first.headers["x-ratelimit-remaining-tokens"] == "500"
+    first = gate.admit("acme", 1200, 200)  # 1,200 bytes: 300 tokens estimated, and 200 asked
+    assert first.charge == 500 and first.headers["x-ratelimit-remaining-tokens"] == "500"
     gate.finish(first, tokens_used=300)  # the engine used 300: the minute holds 300
-    second = gate.admit("acme", 2800)  # 700 more: 1,000 exactly
+    second = gate.admit("acme", 2000, 200)  # 500 + 200 more: 1,000 exactly
     assert second.headers["x-ratelimit-remaining-tokens"] == "0"
     with pytest.raises(Throttled) as refused:
-        gate.admit("acme", 4)  # one token more than the limit
+        gate.admit("acme", 4, 0)  # one token more than the limit
     assert refused.value.limit == "tokens_per_minute"
     with pytest.raises(Throttled, match="this request alone"):
-        gate.admit("other", 4004)  # 1,001 tokens: never fits
+        gate.admit("other", 2004, 500)  # 501 + 500 tokens: never fits
 
 
 def test_a_refused_minute_gives_back_the_stream_it_took(local_dynamo, table):

@@ -27,6 +27,7 @@ from prefix_routing.frontdoor.limiter import (
     _num,
     admit_request,
 )
+from prefix_routing.frontdoor.lease_renewal import LeaseRenewer
 from prefix_routing.frontdoor.local import limits_client
 from prefix_routing.rules.limits import LimitSettings, TenantLimits
 
@@ -44,6 +45,7 @@ class FakeStore:
         self.answers = list(answers)
         self.admits: list[tuple] = []
         self.finishes: list[tuple] = []
+        self.renews: list[tuple] = []
         self.finish_error: Exception | None = None
 
     def admit(self, *args):
@@ -58,25 +60,30 @@ class FakeStore:
         if self.finish_error is not None:
             raise self.finish_error
 
+    def renew(self, *args):
+        self.renews.append(args)
+        return True
 
-def gate(store, *, on_store_error="open", lease_s=900, tenants=(), **limits) -> Limiter:
+
+def gate(store, *, on_store_error="open", lease_s=30, tenants=(), default_max_tokens=1024, **limits) -> Limiter:
     settings = LimitSettings(default=TenantLimits(**limits), tenants=tenants, on_store_error=on_store_error,
-                             lease_s=lease_s)
-    return Limiter(settings, store, clock=lambda: NOW, new_lease=lambda: "lease-1")
+                             lease_s=lease_s, default_max_tokens=default_max_tokens)
+    renewer = LeaseRenewer(lambda *args: store.renew(*args), lease_s, clock=lambda: NOW, background=False)
+    return Limiter(settings, store, clock=lambda: NOW, new_lease=lambda: "lease-1", renewer=renewer)
 
 
 # --- Limiter over a fake store ---------------------------------------------------------------------------
 
 
-def test_an_admission_passes_the_estimate_lease_and_clock_to_the_store_and_reports_what_is_left():
+def test_an_admission_passes_the_charge_lease_and_clock_to_the_store_and_reports_what_is_left():
     store = FakeStore(Counted(leases=3, requests=7, tokens=400))
-    admission = gate(store, lease_s=120, requests_per_minute=10, tokens_per_minute=1000,
-                     concurrent_streams=4).admit("acme", 2003)  # 2,003 bytes: 500 tokens
+    admission = gate(store, lease_s=20, requests_per_minute=10, tokens_per_minute=1000,
+                     concurrent_streams=4).admit("acme", 2003, 200)  # 2,003 bytes: 500 tokens; 200 asked
     limits = TenantLimits(10, 1000, 4)
-    assert store.admits == [("acme", limits, "lease-1", 500, NOW, 120)]
+    assert store.admits == [("acme", limits, "lease-1", 700, NOW, 20)]
     assert (admission.tenant, admission.rule, admission.limits) == ("acme", "default", limits)
-    assert (admission.lease, admission.window, admission.estimate, admission.store_error) == (
-        "lease-1", WINDOW, 500, False)
+    assert (admission.lease, admission.window, admission.charge, admission.store_error) == (
+        "lease-1", WINDOW, 700, False)
     assert admission.took_ms >= 0.0
     assert admission.headers == {
         "x-ratelimit-limit-requests": "10", "x-ratelimit-remaining-requests": "3", "x-ratelimit-reset-requests": "50s",
@@ -88,7 +95,8 @@ def test_an_admission_passes_the_estimate_lease_and_clock_to_the_store_and_repor
 def test_streams_only_take_a_lease_and_no_minute():
     store = FakeStore(Counted(leases=1, requests=0, tokens=0))
     admission = gate(store, concurrent_streams=2).admit("acme", 40)
-    assert store.admits == [("acme", TenantLimits(concurrent_streams=2), "lease-1", 10, NOW, 900)]
+    # 10 prompt tokens and the default 1,024 charged: no minute holds them, so nothing refuses them
+    assert store.admits == [("acme", TenantLimits(concurrent_streams=2), "lease-1", 1034, NOW, 30)]
     assert (admission.lease, admission.window) == ("lease-1", None)
     assert admission.headers == {"x-ratelimit-limit-streams": "2", "x-ratelimit-remaining-streams": "1"}
 
@@ -96,14 +104,14 @@ def test_streams_only_take_a_lease_and_no_minute():
 @pytest.mark.parametrize("limits", [{"requests_per_minute": 3}, {"tokens_per_minute": 300}])
 def test_a_per_minute_limit_alone_counts_the_minute_without_a_lease(limits):
     store = FakeStore(Counted(leases=0, requests=1, tokens=25))
-    admission = gate(store, **limits).admit("acme", 100)
+    admission = gate(store, **limits).admit("acme", 100, 50)
     assert store.admits[0][2] is None  # no stream limit: no lease
     assert (admission.lease, admission.window) == (None, WINDOW)
 
 
 def test_remaining_never_goes_below_zero():
     # the engine's usage replaced a smaller estimate: the minute holds more tokens than its limit
-    admission = gate(FakeStore(Counted(0, 2, 1300)), tokens_per_minute=1000).admit("acme", 4)
+    admission = gate(FakeStore(Counted(0, 2, 1300)), tokens_per_minute=1000).admit("acme", 4, 10)
     assert admission.headers["x-ratelimit-remaining-tokens"] == "0"
 
 
@@ -127,12 +135,12 @@ def test_a_request_alone_over_tokens_per_minute_is_refused_without_asking_the_st
     store = FakeStore()
     limiter = gate(store, tokens_per_minute=1000, concurrent_streams=2)
     with pytest.raises(Throttled) as refused:
-        limiter.admit("acme", 4004)  # 1,001 tokens
+        limiter.admit("acme", 3204, 200)  # 801 prompt tokens + 200 asked: 1,001
     assert store.admits == []
     error = refused.value
     assert (error.limit, error.value, error.retry_after_s) == ("tokens_per_minute", 1000, RESET)
-    assert error.message == ("tokens_per_minute: this request alone (about 1001 prompt tokens) exceeds the "
-                             "tenant's 1000")
+    assert error.message == ("tokens_per_minute: this request alone (about 801 prompt tokens + 200 output tokens "
+                             "asked) exceeds the tenant's 1000; set max_tokens lower")
     assert str(error) == error.message
     assert error.headers == {"x-ratelimit-limit-tokens": "1000", "x-ratelimit-remaining-tokens": "0",
                              "x-ratelimit-reset-tokens": "50s", "x-ratelimit-limit-streams": "2",
@@ -141,8 +149,21 @@ def test_a_request_alone_over_tokens_per_minute_is_refused_without_asking_the_st
 
 def test_a_request_of_exactly_tokens_per_minute_goes_to_the_store():
     store = FakeStore(Counted(0, 1, 1000))
-    assert gate(store, tokens_per_minute=1000).admit("acme", 4000) is not None  # 1,000 tokens: fits an empty minute
+    assert gate(store, tokens_per_minute=1000).admit("acme", 3600, 100) is not None  # 900 + 100: fits an empty minute
     assert len(store.admits) == 1
+
+
+def test_a_request_without_max_tokens_is_charged_the_stages_default():
+    store = FakeStore()
+    with pytest.raises(Throttled) as refused:
+        gate(store, tokens_per_minute=1000, default_max_tokens=950).admit("acme", 204)  # 51 + 950: 1,001
+    assert store.admits == []
+    assert refused.value.message == ("tokens_per_minute: this request alone (about 51 prompt tokens + 950 output "
+                                     "tokens charged for a request without max_tokens) exceeds the tenant's 1000; "
+                                     "set max_tokens lower")
+    store = FakeStore(Counted(0, 1, 1000))
+    assert gate(store, tokens_per_minute=1000, default_max_tokens=950).admit("acme", 200) is not None  # 50 + 950
+    assert store.admits[0][3] == 1000
 
 
 def test_a_stream_refusal_says_retry_in_one_second():
@@ -161,7 +182,7 @@ def test_a_stream_refusal_says_retry_in_one_second():
 def test_a_minute_refusal_says_retry_at_the_next_minute(limit, value):
     limiter = gate(FakeStore(Refused(limit)), requests_per_minute=5, tokens_per_minute=700)
     with pytest.raises(Throttled) as refused:
-        limiter.admit("acme", 100)
+        limiter.admit("acme", 100, 100)
     error = refused.value
     assert (error.limit, error.value, error.retry_after_s) == (limit, value, RESET)
     assert error.message == f"{limit}: the tenant's {value} for this minute are used; retry in 50 s"
@@ -186,15 +207,15 @@ def test_a_failing_store_closed_refuses_with_the_limits_headers():
 
 
 def admitted(store, **limits) -> Admission:
-    return gate(store, **limits).admit("acme", 400)  # 100 tokens estimated
+    return gate(store, **limits).admit("acme", 400, 50)  # 100 tokens estimated, 50 asked
 
 
-def test_finish_gives_the_lease_back_and_corrects_the_estimate_in_one_call():
-    store = FakeStore(Counted(1, 1, 100))
+def test_finish_gives_the_lease_back_and_corrects_the_charge_in_one_call():
+    store = FakeStore(Counted(1, 1, 150))
     limiter = gate(store, tokens_per_minute=1000, concurrent_streams=2)
-    admission = limiter.admit("acme", 400)
+    admission = limiter.admit("acme", 400, 50)  # 100 + 50 charged
     limiter.finish(admission, tokens_used=250)
-    assert store.finishes == [("acme", "lease-1", WINDOW, 150)]
+    assert store.finishes == [("acme", "lease-1", WINDOW, 100)]
     assert admission.lease is None
     limiter.finish(admission, tokens_used=None)  # nothing held any more
     assert len(store.finishes) == 1
@@ -203,7 +224,7 @@ def test_finish_gives_the_lease_back_and_corrects_the_estimate_in_one_call():
 def test_finish_without_usage_gives_the_lease_back_only():
     store = FakeStore(Counted(1, 1, 100))
     limiter = gate(store, tokens_per_minute=1000, concurrent_streams=2)
-    limiter.finish(limiter.admit("acme", 400), tokens_used=None)
+    limiter.finish(limiter.admit("acme", 400, 50), tokens_used=None)
     assert store.finishes == [("acme", "lease-1", None, None)]
 
 
@@ -214,13 +235,13 @@ def test_finish_corrects_tokens_only_under_a_token_limit():
     assert store.finishes == [("acme", "lease-1", None, None)]
 
 
-def test_finish_with_usage_equal_to_the_estimate_and_no_lease_writes_nothing():
-    store = FakeStore(Counted(0, 1, 100), Counted(0, 2, 200))
+def test_finish_with_usage_equal_to_the_charge_and_no_lease_writes_nothing():
+    store = FakeStore(Counted(0, 1, 150), Counted(0, 2, 300))
     limiter = gate(store, tokens_per_minute=1000)
-    limiter.finish(limiter.admit("acme", 400), tokens_used=100)
+    limiter.finish(limiter.admit("acme", 400, 50), tokens_used=150)
     assert store.finishes == []
-    limiter.finish(limiter.admit("acme", 400), tokens_used=60)
-    assert store.finishes == [("acme", None, WINDOW, -40)]
+    limiter.finish(limiter.admit("acme", 400, 50), tokens_used=60)
+    assert store.finishes == [("acme", None, WINDOW, -90)]
 
 
 def test_finish_after_a_write_that_never_left_or_without_limits_writes_nothing():
@@ -228,7 +249,7 @@ def test_finish_after_a_write_that_never_left_or_without_limits_writes_nothing()
 
     store = FakeStore(EndpointConnectionError(endpoint_url="http://127.0.0.1:1"))
     limiter = gate(store, tokens_per_minute=1000, concurrent_streams=1)
-    limiter.finish(limiter.admit("acme", 400), tokens_used=50)
+    limiter.finish(limiter.admit("acme", 400, 50), tokens_used=50)
     limiter.finish(None, tokens_used=50)
     assert store.finishes == []
 
@@ -236,7 +257,7 @@ def test_finish_after_a_write_that_never_left_or_without_limits_writes_nothing()
 def test_finish_after_an_unknown_store_error_gives_the_lease_back_and_books_no_tokens():
     store = FakeStore(RuntimeError("down"))  # it may have reached the table: the lease only, no minute
     limiter = gate(store, tokens_per_minute=1000, concurrent_streams=1)
-    limiter.finish(limiter.admit("acme", 400), tokens_used=50)
+    limiter.finish(limiter.admit("acme", 400, 50), tokens_used=50)
     assert store.finishes == [("acme", "lease-1", None, None)]
 
 
@@ -266,7 +287,7 @@ def record_and_state():
 def test_admit_request_notes_the_rule_and_time_of_an_admitted_request():
     record, state = record_and_state()
     limiter = gate(FakeStore(Counted(1, 0, 0)), tenants=(("acme", TenantLimits(concurrent_streams=3)),))
-    assert admit_request(limiter, "acme", 100, record, state) is None
+    assert admit_request(limiter, "acme", b"x" * 100, record, state) is None
     assert state.admission.lease == "lease-1"
     assert (record.limit_rule, record.limiter_store_error, record.throttled_by) == ("acme", False, None)
     assert record.limiter_ms == state.admission.took_ms
@@ -275,7 +296,7 @@ def test_admit_request_notes_the_rule_and_time_of_an_admitted_request():
 
 def test_admit_request_of_an_unlimited_tenant_notes_nothing():
     record, state = record_and_state()
-    assert admit_request(gate(FakeStore()), "acme", 100, record, state) is None
+    assert admit_request(gate(FakeStore()), "acme", b"x" * 100, record, state) is None
     assert state.admission is None and state.limit_headers is None
     assert (record.limit_rule, record.limiter_ms, record.limiter_store_error) == (None, None, None)
 
@@ -283,7 +304,7 @@ def test_admit_request_of_an_unlimited_tenant_notes_nothing():
 def test_admit_request_answers_429_with_retry_after():
     record, state = record_and_state()
     limiter = gate(FakeStore(Refused("concurrent_streams")), tenants=(("ac*", TenantLimits(concurrent_streams=4)),))
-    status, code, body, headers = admit_request(limiter, "acme", 100, record, state)
+    status, code, body, headers = admit_request(limiter, "acme", b"x" * 100, record, state)
     assert (status, code) == (429, "rate_limited")
     assert body == {"error": {"code": "rate_limited", "status": 429, "limit": "concurrent_streams",
                               "retry_after_s": 1, "message": "concurrent_streams: 4 streams of this tenant are in "
@@ -295,7 +316,7 @@ def test_admit_request_answers_429_with_retry_after():
 def test_admit_request_with_the_store_down_and_closed_answers_503():
     record, state = record_and_state()
     limiter = gate(FakeStore(OSError("down")), on_store_error="closed", concurrent_streams=1)
-    status, code, body, headers = admit_request(limiter, "acme", 100, record, state)
+    status, code, body, headers = admit_request(limiter, "acme", b"x" * 100, record, state)
     assert (status, code) == (503, "limits_unavailable")
     assert headers == {"x-ratelimit-limit-streams": "1", "x-ratelimit-store": "unavailable"}
     assert body == {"error": {"code": "limits_unavailable", "status": 503,
@@ -307,7 +328,7 @@ def test_admit_request_with_the_store_down_and_closed_answers_503():
 def test_admit_request_with_the_store_down_and_open_notes_the_error():
     record, state = record_and_state()
     limiter = gate(FakeStore(OSError("down")), concurrent_streams=1)
-    assert admit_request(limiter, "acme", 100, record, state) is None
+    assert admit_request(limiter, "acme", b"x" * 100, record, state) is None
     assert (record.limit_rule, record.limiter_store_error) == ("default", True)
     assert state.limit_headers == {"x-ratelimit-limit-streams": "1", "x-ratelimit-store": "unavailable"}
 
@@ -845,3 +866,84 @@ def test_the_release_goes_through_the_release_client():
     assert admit.calls == [] and len(release.calls) == 1
     assert release.calls[0]["UpdateExpression"] == "REMOVE leases.#l"
     assert DynamoLimitStore(admit, "t").release_client is admit  # one client serves both when none is given
+
+
+# --- leases renewed while an answer streams ---------------------------------------------------------------
+
+
+def test_a_renewal_moves_the_leases_expiry_and_the_items_only_if_the_lease_is_still_there(stubbed):
+    store, stub = stubbed
+    params = {"TableName": TABLE, "Key": KEY, "UpdateExpression": "SET leases.#l = :e, #t = :keep",
+              "ConditionExpression": "attribute_exists(leases.#l)",
+              "ExpressionAttributeNames": {"#l": "L1", "#t": "expires_at"},
+              "ExpressionAttributeValues": {":e": n("1796000020.0"), ":keep": n("1796000620.0")}}
+    stub.add_response("update_item", {}, params)
+    assert store.renew("acme", "L1", NOW + 30) is True
+    stub.add_client_error("update_item", service_error_code="ConditionalCheckFailedException", expected_params=params)
+    assert store.renew("acme", "L1", NOW + 30) is False  # expired and cleaned, or given back: not brought back
+    stub.add_client_error("update_item", service_error_code="ProvisionedThroughputExceededException",
+                          expected_params=params)
+    with pytest.raises(store.client.exceptions.ClientError):
+        store.renew("acme", "L1", NOW + 30)  # a store error: the renewer tries again later
+
+
+def test_an_admitted_stream_is_renewed_until_it_is_finished():
+    store = FakeStore(Counted(1, 0, 0))
+    limiter = gate(store, concurrent_streams=2)
+    admission = limiter.admit("acme", 100)
+    assert limiter.renewer.held == 1
+    limiter.finish(admission, tokens_used=None)
+    assert limiter.renewer.held == 0 and store.finishes == [("acme", "lease-1", None, None)]
+
+
+def test_a_stream_refused_or_unchecked_holds_nothing_to_renew():
+    refused = gate(FakeStore(Refused("concurrent_streams")), concurrent_streams=1)
+    with pytest.raises(Throttled):
+        refused.admit("acme", 100)
+    unchecked = gate(FakeStore(RuntimeError("timeout")), concurrent_streams=1)
+    admission = unchecked.admit("acme", 100)
+    # The write may have reached the table: given back at the end, but never renewed (it expires on its own).
+    assert admission.lease == "lease-1" and unchecked.renewer.held == 0
+    minute_only = gate(FakeStore(Counted(0, 1, 0)), requests_per_minute=5)
+    minute_only.admit("acme", 100)
+    assert minute_only.renewer.held == 0
+
+
+def test_the_default_renewer_renews_through_the_store_with_the_stages_lease():
+    store = FakeStore(Counted(1, 0, 0))
+    limiter = Limiter(LimitSettings(default=TenantLimits(concurrent_streams=2), lease_s=12), store,
+                      clock=lambda: NOW, new_lease=lambda: "lease-9")
+    assert (limiter.renewer.lease_s, limiter.renewer.interval_s) == (12, 4.0)
+    limiter.renewer._renew("acme", "lease-9", NOW + 12)
+    assert store.renews == [("acme", "lease-9", NOW + 12)]
+
+
+# --- admit_request reads the output a body asks for ------------------------------------------------------
+
+
+def test_admit_request_charges_the_output_the_body_asks_for():
+    import json
+
+    record, state = record_and_state()
+    store = FakeStore(Counted(0, 1, 0), Counted(0, 1, 0), Counted(0, 1, 0))
+    limiter = gate(store, tokens_per_minute=5000, default_max_tokens=700)
+    body = json.dumps({"prompt": "x" * 390, "max_tokens": 300}).encode()  # 423 bytes: 105 tokens
+    assert admit_request(limiter, "acme", body, record, state) is None
+    assert store.admits[-1][3] == 105 + 300
+    body = json.dumps({"prompt": "x" * 390}).encode()  # 404 bytes: 101 tokens, no max_tokens
+    admit_request(limiter, "acme", body, record, state)
+    assert store.admits[-1][3] == 101 + 700
+    admit_request(limiter, "acme", b"\xff not json", record, state)  # 11 bytes: 2 tokens; the default charged
+    assert store.admits[-1][3] == 2 + 700
+
+
+def test_admit_request_reads_the_body_only_under_a_token_limit(monkeypatch):
+    import prefix_routing.frontdoor.limiter as limiter_module
+
+    def refuse(*_):
+        raise AssertionError("the body was parsed")
+
+    monkeypatch.setattr(limiter_module.json, "loads", refuse)
+    record, state = record_and_state()
+    assert admit_request(gate(FakeStore(Counted(1, 0, 0)), concurrent_streams=2), "acme", b'{"max_tokens":5}',
+                         record, state) is None

@@ -117,7 +117,7 @@ def _two_admitted(tokens_used):
     model = LimitModel(limits(tokens_per_minute=1300))
     for now in (0.0, 0.001):
         ticket = model.admit("a", now, 400)  # 400 prompt tokens: 1,600 bytes, estimated at 400
-        assert isinstance(ticket, Ticket) and ticket.estimate == 400
+        assert isinstance(ticket, Ticket) and ticket.charge == 400
         model.end(ticket, 5.0, tokens_used)
     return model
 
@@ -160,12 +160,23 @@ def test_a_refusal_takes_nothing_and_the_minute_is_named_first():
     assert model.admit("a", 9.0, 10) == Refusal("requests_per_minute", 51)
 
 
-def test_a_lease_expires_lease_s_after_admission():
+def test_a_stream_holds_its_slot_until_its_answer_ends_however_long_past_its_lease():
+    # The front door renews a lease while its answer streams: no lease runs out under a live stream.
     model = LimitModel(LimitSettings(default=TenantLimits(concurrent_streams=1), lease_s=10))
-    model.end(model.admit("a", 0.0, 10), 100.0, 20)  # an answer that outlives its lease
-    assert isinstance(model.admit("a", 5.0, 10), Refusal)
-    assert model.in_flight("a", 9.9) == 1 and model.in_flight("a", 10.5) == 0
-    assert isinstance(model.admit("a", 10.5, 10), Ticket)
+    model.end(model.admit("a", 0.0, 10), 100.0, 20)
+    assert isinstance(model.admit("a", 50.0, 10), Refusal)
+    assert model.in_flight("a", 99.9) == 1 and model.in_flight("a", 100.0) == 0
+    assert isinstance(model.admit("a", 100.0, 10), Ticket)
+
+
+def test_tokens_are_charged_for_the_output_too():
+    model = LimitModel(limits(tokens_per_minute=1000))
+    ticket = model.admit("a", 0.0, 300, 400)  # 300 prompt tokens and 400 output: 700 charged
+    assert ticket.charge == 700
+    assert model.admit("a", 1.0, 1, 300) == Refusal("tokens_per_minute", 59)  # 700 + 301 > 1,000
+    assert model.admit("a", 2.0, 600, 500) == Refusal("tokens_per_minute", 58, final=True)  # 1,100 alone
+    model.end(ticket, 3.0, 500)  # its answer used 500: 200 given back
+    assert isinstance(model.admit("a", 4.0, 1, 400), Ticket)  # 500 + 401 fits
 
 
 def test_overrides_apply_to_their_tenants_only():
@@ -195,7 +206,7 @@ def test_limits_file_in_the_stages_shape(tmp_path):
     assert settings.default == TenantLimits(tokens_per_minute=100_000, concurrent_streams=4)
     assert settings.for_tenant("tenant-0001") == ("tenant-0001", TenantLimits(tokens_per_minute=100_000,
                                                                               concurrent_streams=2))
-    assert settings.lease_s == 120 + 30  # the default function's timeout + the lease's margin
+    assert settings.lease_s == 30  # short, renewed while an answer streams
     assert describe_limits(settings) == ("per tenant tokens_per_minute 100,000, concurrent_streams 4; "
                                          "tenant-0001: tokens_per_minute 100,000, concurrent_streams 2")
     bare = tmp_path / "bare.json"

@@ -40,7 +40,7 @@ from prefix_routing.stage.config import load_stage
 ONE_COPY = FleetConfig(instances=1, strategy=Strategy.RANDOM)
 
 
-def model(lease_s=900, origin_s=0.0, bytes_per_token=4.0, **limits) -> LimitModel:
+def model(lease_s=30, origin_s=0.0, bytes_per_token=4.0, **limits) -> LimitModel:
     return LimitModel(LimitSettings(default=TenantLimits(**limits), lease_s=lease_s), origin_s=origin_s,
                       bytes_per_token=bytes_per_token)
 
@@ -48,18 +48,18 @@ def model(lease_s=900, origin_s=0.0, bytes_per_token=4.0, **limits) -> LimitMode
 # --------------------------------------------------------------------------- LimitModel: what a ticket holds
 
 
-def test_a_ticket_holds_its_lease_minute_and_estimate():
+def test_a_ticket_holds_its_lease_minute_and_charge():
     limits = model(requests_per_minute=10, tokens_per_minute=1000, concurrent_streams=3, origin_s=120.0)
     first = limits.admit("a", 5.0, 100)  # clock 125: minute 2; 100 tokens × 4 bytes ÷ 4 = 100
     second = limits.admit("a", 6.0, 30)
-    assert (first.tenant, first.window, first.estimate, first.charges_tokens) == ("a", 2, 100, True)
-    assert (second.tenant, second.window, second.estimate, second.charges_tokens) == ("a", 2, 30, True)
+    assert (first.tenant, first.window, first.charge, first.charges_tokens) == ("a", 2, 100, True)
+    assert (second.tenant, second.window, second.charge, second.charges_tokens) == ("a", 2, 30, True)
     assert first.lease is not None and second.lease is not None and first.lease != second.lease  # one lease each
 
 
 def test_a_streams_only_ticket_has_no_minute_and_charges_no_tokens():
     ticket = model(concurrent_streams=2).admit("a", 0.0, 100)
-    assert (ticket.tenant, ticket.window, ticket.estimate, ticket.charges_tokens) == ("a", None, 0, False)
+    assert (ticket.tenant, ticket.window, ticket.charge, ticket.charges_tokens) == ("a", None, 0, False)
     assert ticket.lease is not None
 
 
@@ -67,11 +67,11 @@ def test_a_minute_only_ticket_has_no_lease():
     assert model(requests_per_minute=2).admit("a", 61.0, 8) == Ticket("a", None, 1, 8, False)
 
 
-def test_the_estimate_is_the_bytes_per_token_times_the_prompt_divided_by_four():
+def test_the_charge_is_the_bytes_per_token_times_the_prompt_divided_by_four():
     # 400 prompt tokens at 2 bytes each: 800 bytes, estimated at 200 tokens; 0.5 tokens: 1 byte, at least 1
     limits = model(tokens_per_minute=1000, bytes_per_token=2.0)
-    assert limits.admit("a", 0.0, 400).estimate == 200
-    assert limits.admit("b", 0.0, 0.5).estimate == 1
+    assert limits.admit("a", 0.0, 400).charge == 200
+    assert limits.admit("b", 0.0, 0.5).charge == 1
 
 
 def test_the_minutes_counts_fill_up_to_the_limit_and_start_again_each_minute():
@@ -99,12 +99,13 @@ def test_a_stream_refusal_retries_after_one_second_and_a_minutes_after_the_rest_
     assert limits2.admit("a", 15.5, 10) == Refusal("requests_per_minute", 45)  # ceil(60 - 15.5)
 
 
-def test_a_lease_is_held_until_exactly_lease_s():
+def test_a_lease_is_held_until_its_answer_ends_not_lease_s():
     limits = model(concurrent_streams=1, lease_s=10)
-    limits.admit("a", 0.0, 10)  # never ended: the lease expires at 10
-    assert isinstance(limits.admit("a", 9.999, 10), Refusal)
-    assert limits.in_flight("a", 9.999) == 1 and limits.in_flight("a", 10.0) == 0
-    assert isinstance(limits.admit("a", 10.0, 10), Ticket)
+    ticket = limits.admit("a", 0.0, 10)  # renewed while its answer streams
+    assert isinstance(limits.admit("a", 10.0, 10), Refusal)
+    assert limits.in_flight("a", 500.0) == 1
+    limits.end(ticket, 600.0, None)
+    assert limits.in_flight("a", 599.999) == 1 and limits.in_flight("a", 600.0) == 0
 
 
 def test_an_answer_ending_at_now_frees_its_slot():
@@ -175,7 +176,7 @@ def test_the_limits_of_a_tenant_are_its_rules():
 def test_the_models_defaults():
     limits = LimitModel(LimitSettings(default=TenantLimits(tokens_per_minute=100)))
     assert (limits.origin_s, limits.bytes_per_token) == (0.0, 4.0)
-    assert limits.admit("a", 59.5, 40).estimate == 40  # 160 bytes ÷ 4
+    assert limits.admit("a", 59.5, 40).charge == 40  # 160 bytes ÷ 4
     assert limits.admit("a", 59.6, 61) == Refusal("tokens_per_minute", 1)  # 40 + 61 > 100; minute 0 ends at 60
 
 
@@ -190,17 +191,16 @@ def test_new_limit_model_places_the_minutes_on_the_traces_clock():
 # --------------------------------------------------------------------------- --limits FILE and the stage
 
 
-def test_the_stages_limits_have_leases_of_its_functions_timeout_plus_30_s(tmp_path):
+def test_the_stages_limits_have_short_leases_whatever_its_functions_timeout(tmp_path):
     stage = load_stage("multi-tenant")
     stage = stage.model_copy(update={"normalizer": stage.normalizer.model_copy(update={"timeout_s": 300})})
     settings = stage_limits(stage)
-    assert settings.lease_s == 330
+    assert settings.lease_s == 30
     assert settings.default == TenantLimits(requests_per_minute=600, concurrent_streams=8)
     assert settings.for_tenant("arn:aws:iam::1:role/BatchJob")[1] == TenantLimits(600, None, 2)
     path = tmp_path / "limits.toml"
     path.write_text("concurrent_streams = 4\n")
-    assert load_limits(path, stage).lease_s == 330  # a file in the stage's shape: the stage's function
-    assert load_limits(path).lease_s == 150  # the default function's 120 s
+    assert load_limits(path).lease_s == 30
 
 
 def test_a_json_file_is_read_as_json_by_its_name_or_its_first_brace(tmp_path):
@@ -390,15 +390,17 @@ def test_a_trace_run_under_limits_that_refuse_nothing_is_the_run_without_limits(
         assert limited.result().ttft == plain.result().ttft
 
 
-def test_a_failed_answer_keeps_its_estimate_a_served_one_counts_its_usage():
+def test_a_failed_answer_keeps_its_charge_a_served_one_counts_its_usage():
     limits = LimitSettings(default=TenantLimits(tokens_per_minute=1000))
-    trace = Trace([0.0, 10.0], [400, 600], [500, 1], [[0], [1]], tenants=["a", "a"])
-    # every request times out (10 ms for a first token): the first's 400 estimated tokens stay, 600 more fit
-    failing = Simulator(FleetConfig(instances=1, strategy=Strategy.RANDOM, timeout_s=0.01), limits=limits)
+    trace = Trace([0.0, 10.0], [400, 500], [500, 1], [[0], [1]], tenants=["a", "a"])
+    # 2 bytes per token: the first is charged 400 × 2 ÷ 4 = 200 for its prompt + 500 output = 700, the
+    # second 250 + 1 = 251. Every request times out (10 ms for a first token): the 700 stay, 251 more fit.
+    failing = Simulator(FleetConfig(instances=1, strategy=Strategy.RANDOM, timeout_s=0.01, bytes_per_token=2.0),
+                        limits=limits)
     failing.feed(trace)
-    assert list(failing.prompts) == [400, 600] and failing.fleet.timeouts == 2
-    # served: the first counts 400 + 500 by the second's arrival, and 900 + 600 > 1,000
-    served = Simulator(FleetConfig(instances=1, strategy=Strategy.RANDOM), limits=limits)
+    assert list(failing.prompts) == [400, 500] and failing.fleet.timeouts == 2
+    # served: the first counts its usage, 400 + 500, by the second's arrival, and 900 + 251 > 1,000
+    served = Simulator(FleetConfig(instances=1, strategy=Strategy.RANDOM, bytes_per_token=2.0), limits=limits)
     served.feed(trace)
     assert served.ends[0] < 10.0  # the premise: the first answer ended before the second arrived
     assert list(served.prompts) == [400]

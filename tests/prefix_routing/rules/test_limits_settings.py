@@ -47,12 +47,12 @@ def test_as_dict_leaves_out_what_is_unset():
 def test_the_settings_defaults():
     settings = LimitSettings()
     assert (settings.default, settings.tenants, settings.on_store_error, settings.store_timeout_ms,
-            settings.lease_s) == (TenantLimits(), (), "open", 50, 900)
+            settings.lease_s, settings.default_max_tokens) == (TenantLimits(), (), "open", 50, 30, 1024)
     assert LimitSettings.from_mapping({}) == settings
     assert LimitSettings.from_mapping({"default": None, "tenants": None}) == settings
 
 
-@pytest.mark.parametrize(("field", "low", "high"), [("store_timeout_ms", 5, 5000), ("lease_s", 10, 3600)])
+@pytest.mark.parametrize(("field", "low", "high"), [("store_timeout_ms", 5, 5000), ("lease_s", 10, 60)])
 def test_timeouts_and_leases_are_bounded_on_both_sides(field, low, high):
     assert getattr(LimitSettings(**{field: low}), field) == low
     assert getattr(LimitSettings(**{field: high}), field) == high
@@ -109,11 +109,12 @@ def test_patterns_are_shell_patterns_and_case_sensitive():
 def test_the_environment_form_is_compact_sorted_json():
     settings = LimitSettings(default=TenantLimits(requests_per_minute=600, concurrent_streams=4),
                              tenants=(("b*", TenantLimits(concurrent_streams=1)), ("a", TenantLimits())),
-                             on_store_error="closed", store_timeout_ms=80, lease_s=150)
+                             on_store_error="closed", store_timeout_ms=80, lease_s=15, default_max_tokens=64)
     assert settings.to_json() == (
-        '{"default":{"concurrent_streams":4,"requests_per_minute":600},"lease_s":150,"on_store_error":"closed",'
-        '"store_timeout_ms":80,"tenants":[["b*",{"concurrent_streams":1}],["a",{}]]}')
-    assert LimitSettings().to_json() == '{"default":{},"lease_s":900,"on_store_error":"open","store_timeout_ms":50}'
+        '{"default":{"concurrent_streams":4,"requests_per_minute":600},"default_max_tokens":64,"lease_s":15,'
+        '"on_store_error":"closed","store_timeout_ms":80,"tenants":[["b*",{"concurrent_streams":1}],["a",{}]]}')
+    assert LimitSettings().to_json() == ('{"default":{},"default_max_tokens":1024,"lease_s":30,"on_store_error":"open",'
+                                         '"store_timeout_ms":50}')
     assert LimitSettings.from_mapping(json.loads(settings.to_json())) == settings
 
 
@@ -136,10 +137,11 @@ def test_from_mapping_names_what_is_wrong(data, message):
 
 def test_from_mapping_reads_every_field():
     settings = LimitSettings.from_mapping({"default": {"tokens_per_minute": 9}, "tenants": [["a*", {"concurrent_streams": 2}]],
-                                           "on_store_error": "closed", "store_timeout_ms": 70, "lease_s": 40})
+                                           "on_store_error": "closed", "store_timeout_ms": 70, "lease_s": 40,
+                                           "default_max_tokens": 5})
     assert settings == LimitSettings(default=TenantLimits(tokens_per_minute=9),
                                      tenants=(("a*", TenantLimits(concurrent_streams=2)),),
-                                     on_store_error="closed", store_timeout_ms=70, lease_s=40)
+                                     on_store_error="closed", store_timeout_ms=70, lease_s=40, default_max_tokens=5)
 
 
 def test_the_minute_and_the_estimate_at_their_edges():

@@ -64,5 +64,5 @@ def test_the_stage_refuses_a_limits_override_an_earlier_pattern_hides():
         "'arn:aws:iam::*:role/Batch*' never applies: the earlier pattern '*' takes every tenant it matches; allowed: "
         "a pattern before the more general ones that would take its tenants, or none")
     data["limits"]["tenants"] = dict(reversed(list(data["limits"]["tenants"].items())))
-    assert parse_stage(data, source="stage.toml").limits.to_rules(60).for_tenant(
+    assert parse_stage(data, source="stage.toml").limits.to_rules().for_tenant(
         "arn:aws:iam::1:role/Batch-7")[0] == "arn:aws:iam::*:role/Batch*"

@@ -201,17 +201,32 @@ def test_without_a_limit_there_is_no_limits_variable():
     assert set(env) == BASE_VARIABLES
 
 
-def test_limits_reach_the_environment_with_a_lease_30_seconds_past_the_timeout():
-    config = stage(normalizer={"timeout_s": 120},
-                   limits={"requests_per_minute": 10, "tenants": {"team-*": {"concurrent_streams": 2}}})
+def test_limits_reach_the_environment_with_a_short_lease_whatever_the_timeout():
+    config = stage(normalizer={"timeout_s": 900},
+                   limits={"requests_per_minute": 10, "tenants": {"team-*": {"concurrent_streams": 2}},
+                           "default_max_tokens": 300})
     env = front_door_environment(config)
     assert set(env) == BASE_VARIABLES | {"LIMITS"}
     assert json.loads(env["LIMITS"]) == {
         "default": {"requests_per_minute": 10}, "tenants": [["team-*", {"concurrent_streams": 2}]],
-        "on_store_error": "open", "store_timeout_ms": 50, "lease_s": 150,
+        "on_store_error": "open", "store_timeout_ms": 50, "lease_s": 30, "default_max_tokens": 300,
     }
 
 
 def test_a_prefixs_problem_names_only_the_characters_s3_does_not_take():
     # Upper case letters are safe key characters: only '*' is named.
     assert stage_config._s3_uri_problem("s3://my-bucket/Models*/") == "prefix 'Models*/' has '*'"
+
+
+def test_a_default_output_charge_above_a_tokens_per_minute_is_refused_naming_both():
+    from prefix_routing.stage.config import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        stage(limits={"tokens_per_minute": 5000, "default_max_tokens": 2000,
+                      "tenants": {"batch-*": {"tokens_per_minute": 1500}, "big": {"tokens_per_minute": 9000},
+                                  "edge": {"tokens_per_minute": 2000}}})
+    [line] = refused.value.problems
+    assert line.endswith("default_max_tokens: got 2,000, above tokens_per_minute ('batch-*' 1,500): a request "
+                         "without max_tokens could never be admitted; allowed: at most 1,500")
+    assert stage(limits={"tokens_per_minute": 2000, "default_max_tokens": 2000}).limits.default_max_tokens == 2000
+    assert stage(limits={"default_max_tokens": 10**6}).limits.to_rules().default_max_tokens == 10**6  # no token limit
