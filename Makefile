@@ -29,9 +29,9 @@ synth: install
 	npx cdk synth --quiet -c stage=$(STAGE)
 	$(VENV)/bin/cfn-lint cdk.out/*.template.json
 
-# Every stage under config/ plus the default, one after the other.
+# Every stage under config/ (the default among them), one after the other.
 synth-all: install
-	@for stage in default $$(ls config/*.toml | xargs -n1 basename | sed 's/\.toml$$//'); do \
+	@for stage in $$(ls config/*.toml | xargs -n1 basename | sed 's/\.toml$$//'); do \
 		echo "== $$stage"; $(MAKE) --no-print-directory synth STAGE=$$stage || exit 1; done
 
 # The real-engine tests (tests/test_real_engines.py, tests/test_vllm_engines.py) need llama-server and

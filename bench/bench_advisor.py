@@ -3,7 +3,8 @@
 Each measurement runs in a fresh child process, so its peak resident memory (``ru_maxrss``) is its
 own. Two windows:
 
-- **100,000 lines** (default, ``--lines N``): the Mooncake trace (../shared/traces/conversation_trace.jsonl)
+- **100,000 lines** (default, ``--lines N``): the Mooncake conversation trace (Apache-2.0,
+  github.com/kvcache-ai/Mooncake; read from ../shared/traces/conversation_trace.jsonl beside the clone)
   written as the normalizer's request log (the fields of ``rules.telemetry.LogField``: block hashes,
   lengths, cached tokens, the routing id), replayed with fresh hashes and later times until it has
   ``--lines`` lines; PrefixLength 1024 (inside the shared first block) is the deployed setting, so the
@@ -244,7 +245,8 @@ def main() -> int:
         print(json.dumps(report, indent=2)) if args.json else print_hour(report)
         return 0 if report["meets_target"] else 1
     if not TRACE.is_file():
-        print(f"the Mooncake trace is not at {TRACE} (../shared beside the project)", file=sys.stderr)
+        print(f"the Mooncake conversation trace is not at {TRACE}: put conversation_trace.jsonl from "
+              "github.com/kvcache-ai/Mooncake (Apache-2.0) there", file=sys.stderr)
         return 1
     report = lines_report(args.lines)
     print(json.dumps(report, indent=2)) if args.json else print_lines(report)

@@ -4,7 +4,7 @@ share of a memory size.
     make synth && python bench/bench_cold_start.py [--runs 7] [--memory 512 1024 1769] [--no-runtime-python]
 
 What is measured. The synthesized asset in ``cdk.out`` alone (no site-packages, no bytecode cache of
-this machine): each run is a fresh ``python -E -S -B -u server.py`` in a copy of the asset, as
+the machine that runs it): each run is a fresh ``python -E -S -B -u server.py`` in a copy of the asset, as
 ``run.sh`` starts it (``-B``: ``/var/task`` is read-only, nothing compiled is kept), with the
 function's environment from the synthesized template, fake credentials, and Secrets Manager answered
 by a stub on 127.0.0.1 (``AWS_ENDPOINT_URL_SECRETS_MANAGER``; one ``GetSecretValue`` per run, checked).

@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     parser.add_argument("--prefixes", type=int, default=8)
     parser.add_argument("--users", type=int,
                         help="clients in closed loop (default 4 on llama.cpp; 2 on vLLM, whose engines' API servers "
-                             "share this machine's 2 cores with the clients, the emulator and each other)")
+                             "share a 2-core machine's cores with the clients, the emulator and each other)")
     parser.add_argument("--engines", type=int, default=2)
     parser.add_argument("--engine-kind", choices=tuple(STRATEGIES), default="llama.cpp")
     parser.add_argument("--preset-file", help="use this calibrated preset instead of calibrating now")

@@ -9,7 +9,8 @@ recommendation, whether it is the full run's, and what it would cost judged by t
 hit rate and P50 TTFT there against the full run's own pick: settings that tie swap places), and
 the seconds each took.
 
-Workloads: the Mooncake trace (../shared/traces, 12,031 requests, 8 × p5), AWS's long-context
+Workloads: the Mooncake conversation trace (Apache-2.0, github.com/kvcache-ai/Mooncake, read from
+../shared/traces beside the clone; 12,031 requests, 8 × p5), AWS's long-context
 workload with uniform and Zipf 1.1 prefixes (about 10,800 requests, 7 × p5), and with
 ``--large-rps N`` a large one made by the same generator at N requests per second for an hour
 (1,000: 3.6 million requests, 333 times the prefixes on 333 times the copies, so each copy's load

@@ -1,6 +1,7 @@
 """How fast the lab simulates: 1,000,000 requests by default, on one core, repeated.
 
-The Mooncake trace (../shared/traces/conversation_trace.jsonl, 12,031 requests) is replayed as
+The Mooncake conversation trace (Apache-2.0, github.com/kvcache-ai/Mooncake; read from
+../shared/traces/conversation_trace.jsonl beside the clone, 12,031 requests) is replayed as
 many times as needed, each replay with fresh block ids (shifted past the previous replay's) and
 later arrival times, so the load is the trace's, repeated, and no replay warms another's caches;
 the last replay is cut so that exactly ``--requests`` requests are simulated. Replays are generated

@@ -15,7 +15,7 @@ same run, the same ``Replicas`` without steering (replicas in turn: the baseline
   cached, so the collisions' slow path (read + write) shows too, and the time of ``route`` with
   and without steering: median and P90, the difference and the ratio.
 
-dynalite is a Node.js server over LevelDB on this machine: its round trip is slower than DynamoDB's
+dynalite is a Node.js server over LevelDB on the local machine: its round trip is slower than DynamoDB's
 from a Lambda in the same region (single-digit milliseconds), and it has no network in between; read
 the times as an order of magnitude, the calls as exact.
 
@@ -45,7 +45,7 @@ from prefix_routing.frontdoor.config import InvokeConfig  # noqa: E402
 from prefix_routing.frontdoor.local import create_limits_table, limits_client  # noqa: E402
 from prefix_routing.frontdoor.record import RequestRecord  # noqa: E402
 from prefix_routing.frontdoor.replicas import Replicas  # noqa: E402
-from prefix_routing.frontdoor.steering import (  # noqa: E402
+from prefix_routing.frontdoor.steering_store import (  # noqa: E402
     ANSWER_TIMEOUT_MS,
     SEND_BUDGET_MS,
     SEND_TIMEOUT_MS,

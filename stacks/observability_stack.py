@@ -57,6 +57,7 @@ class ObservabilityStack(Stack):
                 engine=engine,
                 engine_alarms=[a for a in (alarms.engine_hit_rate, alarms.engine_metrics_missing) if a is not None],
                 engine_window_minutes=config.alarms.evaluation_periods,
+                request_log_group_name=request_log.log_group_name if index == 0 else None,
             )
             self.alarms_by_component[plan.name] = alarms
         self.alarms = self.alarms_by_component[config.component_name]

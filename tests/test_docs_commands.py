@@ -18,6 +18,8 @@ What the test changes, all of it listed here and in docs/development.md:
 - a synopsis runs without its ``[optional]`` parts and with its placeholders filled in
   (``PLACEHOLDERS``);
 - ``make`` runs as ``make -n`` (a dry run: the target and its variables exist);
+- every AWS client goes to a closed port on 127.0.0.1: ``preflight`` must end with one line per
+  check, and may exit 1 (a shipped stage's gated model id is a ✘ without AWS);
 - ``../shared/traces/`` is read where it is beside the clone; elsewhere the trace slice in
   ``tests/data/`` takes its place (a failure instead with ``PREFIX_ROUTING_REQUIRE_SHARED=1``);
 - the engines' commands run on an engine cache of their own that links the built ``llama-server``
@@ -62,6 +64,8 @@ NOT_RUN = {
     "python -m prefix_routing verify --stage llama8b-g6e --region us-east-1": "needs an AWS account (a deployed stage)",
     "python -m prefix_routing verify --stage llama8b-g6e --region us-east-1 --invoke":
         "needs an AWS account (a deployed stage)",
+    "python -m prefix_routing usage --log-group /aws/lambda/NAME --since 24h --stage llama8b-g6e --csv":
+        "needs an AWS account (reads the request log from CloudWatch Logs)",
     "python -m prefix_routing advise --stage NAME [--since 1h] [--log-group NAME] [--region R] [--sample R|auto]":
         "needs an AWS account (reads the request log from CloudWatch Logs)",
     "python -m prefix_routing benchmark --stage llama70b-p5 --workload shared-prefix":
@@ -295,5 +299,9 @@ def test_the_command_runs_as_written(command, workdir, request):
         assert (result.stdout + result.stderr).strip() == command.expected.strip(), report
     elif shell.startswith("python bench/"):
         assert result.returncode in (0, 1), report  # 1: a target missed by a short run
+    elif shell.startswith("python -m prefix_routing preflight"):
+        # No AWS within reach: every check that asks it is a ?, and a shipped stage's gated model id a
+        # ✘ (exit status 1); what must hold is that it ends with one line per check and its summary.
+        assert result.returncode in (0, 1) and re.search(r"\d+ ✔, \d+ ✘, \d+ \?$", result.stdout.strip()), report
     else:
         assert result.returncode == 0, report

@@ -1,8 +1,10 @@
 """Writes docs/configuration.md, the configuration reference, from the stage model's own fields.
 
-Every row comes from prefix_routing/stage/config.py: the field's name, its type, its default, what is
-allowed (the field's bounds, lengths, pattern and choices, and the ``allowed`` text of fields whose
-rule is a validator) and its meaning (``description=``). Edit the model, then run
+Every row comes from the stage model, StageConfig in prefix_routing/stage/config.py and the sections
+it composes (prefix_routing/stage/*_sections.py, domain_checks.py, benchmark.py): the field's name,
+its type, its default, what is allowed (the field's bounds, lengths, pattern and choices, and the
+``allowed`` text of fields whose rule is a validator) and its meaning (``description=``). Edit the
+model, then run
 
     .venv/bin/python tools/config_reference.py           # rewrites docs/configuration.md
     .venv/bin/python tools/config_reference.py --check   # exit status 1 if it is out of date

@@ -45,7 +45,7 @@ import boto3
 from botocore.config import Config
 
 from prefix_routing import frontdoor
-from prefix_routing.frontdoor import steering
+from prefix_routing.frontdoor import steering_store as steering
 from prefix_routing.rules.limits import RELEASE_TIMEOUT_MS
 
 _LOCK = threading.Lock()

@@ -11,7 +11,7 @@ import re
 import time
 from functools import partial
 
-from prefix_routing.cli import lab_args
+from prefix_routing.cli import flag_values, lab_args, trace_args
 from prefix_routing.rules.errors import UserError
 
 HELP = "the routing advisor: replay a window of the request log, compare the settings, print the snippet"
@@ -25,9 +25,9 @@ def add_arguments(parser) -> None:
                         "RequestLogGroupName output of the stage's Normalizer stack)")
     parser.add_argument("--since", default="1h", metavar="AGE", help="--log-group: the window, e.g. 30m, 1h, 6h (default 1h)")
     parser.add_argument("--region", help="--log-group: AWS region (default: the stage's, or the usual chain)")
-    parser.add_argument("--copies", type=lab_args._ranged_int("--copies", 1, 1024), metavar="N",
+    parser.add_argument("--copies", type=flag_values.ranged_int("--copies", 1, 1024), metavar="N",
                         help="copies now (default: the stage's copies_max, the endpoint at its size)")
-    lab_args.add_sample_argument(parser)
+    trace_args.add_sample_argument(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
@@ -69,7 +69,7 @@ def run(args) -> int:
                 window = read()
         else:
             window = read()
-    lab_args.report_skipped(window)
+    trace_args.report_skipped(window)
     config = FleetConfig(**values, block_tokens=window.block_tokens, block_bytes=window.block_bytes)
     rate = args.sample
     if rate == "auto":

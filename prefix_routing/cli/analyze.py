@@ -3,27 +3,27 @@
 from __future__ import annotations
 
 from prefix_routing import lab
-from prefix_routing.cli import lab_args
+from prefix_routing.cli import flag_values, lab_args, trace_args
 
 HELP = "analyze a trace: prefix reuse, the hit-rate bound, routing-key groups per PrefixLength"
 
 
 def add_arguments(parser) -> None:
-    lab_args.add_trace_arguments(parser)
+    trace_args.add_trace_arguments(parser)
     parser.add_argument(
-        "--prefix-length", type=lab_args._ranged_int("--prefix-length", *lab.PREFIX_LENGTH_RANGE), action="append",
+        "--prefix-length", type=flag_values.ranged_int("--prefix-length", *lab.PREFIX_LENGTH_RANGE), action="append",
         metavar="B", help=f"PrefixLength to evaluate; repeatable (default {', '.join(map(str, lab.CANDIDATE_PREFIX_LENGTHS))})",
     )
     # The verdict simulates RANDOM and PREFIX_AWARE on this fleet (the lab's default, or the stage's).
     parser.add_argument("--stage", metavar="NAME", help="simulate the verdict on the stage's endpoint and routing settings")
-    parser.add_argument("--instances", type=lab_args._ranged_int("--instances", 1, 10_000), metavar="N",
+    parser.add_argument("--instances", type=flag_values.ranged_int("--instances", 1, 10_000), metavar="N",
                         help="instances for the verdict's simulation (default 8; 7 for --workload long-context)")
     parser.add_argument("--preset", metavar="NAME", help="instance × model preset for the verdict's simulation")
 
 
 def run(args) -> int:
-    offset = lab_args.key_offset_bytes(args)  # bad flags fail before the trace is read
-    trace, spec = lab_args.load_from_args(args)
+    offset = trace_args.key_offset_bytes(args)  # bad flags fail before the trace is read
+    trace, spec = trace_args.load_from_args(args)
     result = lab.analyze(
         trace,
         bytes_per_token=args.bytes_per_token,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import sys
 
-from prefix_routing.cli import lab_args
+from prefix_routing.cli import flag_values, lab_args, trace_args
 from prefix_routing.rules.errors import UserError
 
 HELP = ("after cdk deploy: run a SageMaker AI benchmark job (AIPerf on AWS's fleet; billed) against the stage's "
@@ -32,13 +32,13 @@ def add_arguments(parser) -> None:
                         help="the deployed stage (config/NAME.toml, or default); its [benchmark] s3_uri must be set")
     parser.add_argument("--workload", required=True, metavar="long-context|shared-prefix|FILE",
                         help="the lab's long-context or shared-prefix workload, or a Mooncake-format trace file")
-    parser.add_argument("--limit", type=lab_args._ranged_int("--limit", 1, 10**7), metavar="N",
+    parser.add_argument("--limit", type=flag_values.ranged_int("--limit", 1, 10**7), metavar="N",
                         help="send only the workload's first N requests (a shorter, cheaper job)")
     parser.add_argument("--seed", type=int, default=0, help="seed of a generated workload and of the lab (default 0)")
-    parser.add_argument("--timeout", type=lab_args._ranged_int("--timeout", *TIMEOUT_RANGE_S), metavar="SECONDS",
+    parser.add_argument("--timeout", type=flag_values.ranged_int("--timeout", *TIMEOUT_RANGE_S), metavar="SECONDS",
                         help="stop the job and give up after this long (default: the workload's duration plus "
                         f"{DEFAULT_TIMEOUT_MARGIN_S // 60} minutes)")
-    parser.add_argument("--poll", type=lab_args._ranged_int("--poll", *POLL_RANGE_S), default=DEFAULT_POLL_S,
+    parser.add_argument("--poll", type=flag_values.ranged_int("--poll", *POLL_RANGE_S), default=DEFAULT_POLL_S,
                         metavar="SECONDS", help=f"seconds between status checks (default {DEFAULT_POLL_S})")
     parser.add_argument("--region", help="AWS region (default: the stage's, else your AWS configuration's)")
     parser.add_argument("--profile", help="AWS profile to use")
@@ -74,7 +74,7 @@ def predict(args, stage):
     from prefix_routing.lab.routing import Strategy
 
     sim = simulate_args(args, stage)
-    trace, spec = lab_args.load_from_args(sim)
+    trace, spec = trace_args.load_from_args(sim)
     strategy = Strategy.parse(stage.routing.strategy)
     config = lab_args.settle_autoscaling(sim, lab_args.fleet_config_from_args(sim, trace, spec), [strategy])
     (result,) = lab.simulate_many(trace, config, [strategy], progress=False)

@@ -15,11 +15,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--long-context-requests", type=int, default=360, help="requests of the long-context run")
     parser.add_argument("--speed", type=float, default=20.0, help="model time runs this many times faster")
     parser.add_argument("--concurrency", type=int, default=32, help="client threads per run")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the workloads and the routing")
     parser.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     parser.add_argument("--engines", type=int, metavar="N",
                         help="run the comparison on N real engines instead of the fleet model "
-                             "(engines build first; about 3 minutes with 2)")
+                             "(engines build first; about 3 minutes with 2; default: the fleet model)")
     parser.add_argument("--engine-kind", choices=("llama.cpp", "vllm"), default="llama.cpp",
                         help="--engines: llama.cpp (default; fresh engines per case) or vllm (the same engines, "
                              "their prefix caches reset between cases)")
@@ -57,6 +57,7 @@ def run(args) -> int:
         results = run_demo(
             conversation_requests=args.conversation_requests, long_context_requests=args.long_context_requests,
             speed=args.speed, concurrency=args.concurrency, seed=args.seed, progress=progress,
+            say=lambda text: print(text, file=sys.stderr),
         )
     print(as_json(results) if args.json else render_table(results))
     print(f"demo took {time.monotonic() - started:.0f} s", file=sys.stderr)

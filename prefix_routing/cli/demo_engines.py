@@ -22,7 +22,7 @@ import json
 import math
 from dataclasses import dataclass, replace
 
-from prefix_routing.cli.demo_run import CaseResult, _stage, case_result, workload_items
+from prefix_routing.cli.demo_run import CaseResult, case_result, demo_stage, workload_items
 from prefix_routing.lab.workloads import LongContextSpec
 from prefix_routing.loadtest import BodyPreparer, SageMakerTarget, WorkItem, run_load, summarize
 from prefix_routing.rules.errors import UserError
@@ -110,7 +110,7 @@ def engine_run(items: list[WorkItem], strategy: str, client: str, spec: EngineDe
     Returns the case and the load tester's rows (one per request, in item order)."""
     from prefix_routing.emulator.engine_backend import start_engine_emulator
 
-    stage = _stage("ml.p5.48xlarge", spec.engines, strategy=strategy, prefix_length=spec.prefix_length,
+    stage = demo_stage("ml.p5.48xlarge", spec.engines, strategy=strategy, prefix_length=spec.prefix_length,
                    threshold=spec.concurrency_threshold)
     prepare = preparer(client, spec)
     prepared = [replace(item, body=prepare(item)) for item in items]
@@ -158,7 +158,7 @@ def predicted_case(items: list[WorkItem], strategy: str, client: str, spec: Engi
     bytes per token (``prompt_tokens`` is the engines' count for each request: the tokenizer's, not
     the cache's, figure). The routing key is the body's first PrefixLength bytes, as the emulator's.
     """
-    from prefix_routing.emulator.chat import _prompt_text
+    from prefix_routing.emulator.chat import prompt_texts as _prompt_text
     from prefix_routing.lab.fleet_config import FleetConfig
     from prefix_routing.lab.traces import Trace
     from prefix_routing.rules.identity import block_hashes

@@ -41,6 +41,8 @@ from prefix_routing.rules.settings import NormalizerSettings
 from prefix_routing.stage.config import DEFAULT_STAGE_DATA, StageConfig, parse_stage
 
 CONVERSATION_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "conversation_trace.jsonl"
+#: Without ../shared: the trace's first 1,000 requests, kept in the clone (tests/data/README.md).
+CONVERSATION_SLICE = Path(__file__).resolve().parents[2] / "tests" / "data" / "mooncake_slice.jsonl"
 STRATEGIES = ("RANDOM", "PREFIX_AWARE")
 CLIENTS = ("varied", "normalized")
 #: Careless clients through the front door: only where routing can use what it normalizes.
@@ -71,7 +73,7 @@ class CaseResult:
     max_mean_requests: float
 
 
-def _stage(instance_type: str, instances: int, *, strategy: str, prefix_length: int, threshold: int) -> StageConfig:
+def demo_stage(instance_type: str, instances: int, *, strategy: str, prefix_length: int, threshold: int) -> StageConfig:
     data = json.loads(json.dumps(DEFAULT_STAGE_DATA))
     data["name"] = "demo"
     data["model"].update(
@@ -88,16 +90,28 @@ def _stage(instance_type: str, instances: int, *, strategy: str, prefix_length: 
     return parse_stage(data, source="demo")
 
 
-def conversation_workload(requests: int, speed: float, strategy: str) -> Workload:
-    if not CONVERSATION_TRACE.is_file():
-        raise UserError(f"the conversation trace is not at {CONVERSATION_TRACE} (it lives in ../shared/traces/)")
+def conversation_trace(say=None) -> Path:
+    """The conversation trace the demo replays: the whole one in ../shared/traces/, else the slice of
+    it in tests/data/ (``say`` tells which, in one line)."""
+    if CONVERSATION_TRACE.is_file():
+        return CONVERSATION_TRACE
+    if not CONVERSATION_SLICE.is_file():
+        raise UserError(f"the conversation trace is not at {CONVERSATION_TRACE} (it lives in ../shared/traces/), "
+                        f"nor its slice at {CONVERSATION_SLICE}")
+    if say is not None:
+        say(f"{CONVERSATION_TRACE} is absent: the conversation slice replays {CONVERSATION_SLICE} "
+            "(the trace's first 1,000 requests)")
+    return CONVERSATION_SLICE
+
+
+def conversation_workload(requests: int, speed: float, strategy: str, trace: Path | None = None) -> Workload:
     items = []
-    for item in trace_requests(str(CONVERSATION_TRACE), system_blocks=1):
+    for item in trace_requests(str(trace or conversation_trace()), system_blocks=1):
         if len(items) == requests:
             break
         items.append(item)
     # 4096 bytes: past the trace's shared first block (2,048 bytes), as `tune` recommends.
-    stage = _stage("ml.p5.48xlarge", 8, strategy=strategy, prefix_length=4096, threshold=10)
+    stage = demo_stage("ml.p5.48xlarge", 8, strategy=strategy, prefix_length=4096, threshold=10)
     return Workload("conversation slice", items, stage, None, speed)
 
 
@@ -122,7 +136,7 @@ def workload_items(spec: LongContextSpec, requests: int, seed: int, label: str) 
 
 def long_context_workload_for_demo(requests: int, speed: float, strategy: str, seed: int) -> Workload:
     # ~15 of the 40 prefixes (8,000 + ~1,650 tokens each) fit one copy's cache.
-    stage = _stage("ml.p5.48xlarge", 7, strategy=strategy, prefix_length=4096, threshold=10)
+    stage = demo_stage("ml.p5.48xlarge", 7, strategy=strategy, prefix_length=4096, threshold=10)
     return Workload("long context", long_context_items(requests, seed), stage, 15 * 9_650, speed)
 
 
@@ -241,10 +255,12 @@ def case_result(workload: str, strategy: str, client: str, *, sent: int, succeed
 
 
 def run_demo(*, conversation_requests: int = 1000, long_context_requests: int = 360, speed: float = 20.0,
-             concurrency: int = 32, seed: int = 0, progress=None) -> list[CaseResult]:
+             concurrency: int = 32, seed: int = 0, progress=None, say=None) -> list[CaseResult]:
+    """Every case of the demo; ``say(line)`` tells which conversation trace it replays when it is not ../shared's."""
     results = []
+    trace = conversation_trace(say)
     for make in (
-        lambda strategy: conversation_workload(conversation_requests, speed, strategy),
+        lambda strategy: conversation_workload(conversation_requests, speed, strategy, trace),
         lambda strategy: long_context_workload_for_demo(long_context_requests, speed, strategy, seed),
     ):
         for strategy in STRATEGIES:

@@ -28,21 +28,22 @@ def add_arguments(parser) -> None:
     parser.add_argument("--port", type=int, default=8080, help="port on 127.0.0.1 (0: any free port)")
     parser.add_argument("--stage", default="default", help="stage whose routing settings to emulate")
     parser.add_argument("--speed", type=float, default=1.0, help="model time runs this many times faster")
-    parser.add_argument("--preset", help="lab preset instead of the one matching the stage's instance and model")
+    parser.add_argument("--preset", help="lab preset (default: the one matching the stage's instance and model)")
     parser.add_argument("--preset-file", metavar="FILE",
-                        help="a preset measured on a real engine (`calibrate --out FILE`) instead of --preset")
+                        help="a preset measured on a real engine (`calibrate --out FILE`) instead of --preset (default: none)")
     parser.add_argument("--cache-tokens", help="KV-cache tokens per copy, or 'infinite' (default: the preset's)")
-    parser.add_argument("--faults", default="", help="e.g. throttle_rate=0.05,stream_error_rate=0.01,seed=1")
-    parser.add_argument("--slow-instance", metavar="I:FACTOR", help="make instance I FACTOR times slower")
+    parser.add_argument("--faults", default="", help="e.g. throttle_rate=0.05,stream_error_rate=0.01,seed=1 (default: none)")
+    parser.add_argument("--slow-instance", metavar="I:FACTOR", help="make instance I FACTOR times slower (default: none)")
     parser.add_argument("--autoscaling", choices=("off", "on"), default="off",
                         help="the copies scale within the stage's bounds as its target tracking would (default off)")
     engines = parser.add_argument_group("real engines instead of the fleet model (one copy per engine)")
     engines.add_argument("--engines", type=int, metavar="N",
-                         help="start N local engines of --engine-kind (engines build first); with trust domains, N per domain")
+                         help="start N local engines of --engine-kind (engines build first); with trust domains, N per domain "
+                              "(default: none, the fleet model)")
     engines.add_argument("--engine-kind", choices=KIND_NAMES, default=KIND_NAMES[0],
                          help="--engines: llama.cpp (default) or vllm (vLLM for CPUs: engines build --kind vllm first)")
     engines.add_argument("--engine-url", action="append", metavar="URL",
-                         help="an OpenAI-compatible server (llama.cpp, vLLM) as one copy; repeatable")
+                         help="an OpenAI-compatible server (llama.cpp, vLLM) as one copy; repeatable (default: none)")
     engines.add_argument("--engine-slots", type=int, default=1, metavar="S",
                          help="--engines: sequences each engine runs at once (llama.cpp's slots, vLLM's --max-num-seqs; "
                               "default 1)")
@@ -58,7 +59,7 @@ def add_arguments(parser) -> None:
                          help="--engines, vllm: tokens per KV block, a multiple of 32 (default 128, vLLM's on CPUs)")
     parser.add_argument("--front-door", type=int, metavar="PORT",
                         help="also serve the front door (the normalizer function's web app) on this port of 127.0.0.1, "
-                             "called as its Function URL is (SigV4; the access key id names the caller)")
+                             "called as its Function URL is (SigV4; the access key id names the caller; default: no front door)")
     parser.add_argument("--duration", type=float,
                         help="stop after this many seconds (default: until SIGTERM or Ctrl-C)")
 

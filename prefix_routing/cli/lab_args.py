@@ -1,17 +1,28 @@
-"""The lab commands' shared arguments: trace and fleet flags, their checks, and how results are printed."""
+"""The lab commands' fleet flags (the endpoint, its stage, copy autoscaling, hot-prefix replication),
+the settings lines that say what a run models, and how results are printed. The trace flags are in
+:mod:`.trace_args`, the tenant flags in :mod:`.tenant_args`, the flags' value types in :mod:`.flag_values`."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from prefix_routing.lab.common import CANDIDATE_PREFIX_LENGTHS, CANDIDATE_THRESHOLDS
+from prefix_routing.cli.flag_values import (
+    cache_ram,
+    parse_cache_tokens,
+    parse_strategy,
+    positive_float,
+    ranged_int,
+    similarity,
+)
+from prefix_routing.cli.stages import stage_from_args
+from prefix_routing.cli.tenant_args import limits_from_args, limits_line
+from prefix_routing.cli.trace_args import key_offset_bytes
 from prefix_routing.lab.fleet_config import FleetConfig
+from prefix_routing.lab.grids import CANDIDATE_PREFIX_LENGTHS, CANDIDATE_THRESHOLDS
 from prefix_routing.lab.routing import CONCURRENCY_THRESHOLD_RANGE, PREFIX_LENGTH_RANGE, Strategy
 from prefix_routing.lab.slot_cache import (
     CACHE_POLICIES,
@@ -20,178 +31,21 @@ from prefix_routing.lab.slot_cache import (
     SLOT_PROMPT_SIMILARITY,
     VLLM_BLOCKS,
 )
-from prefix_routing.lab.traces import Trace
+from prefix_routing.lab.trace_data import Trace
 from prefix_routing.lab.workloads import WORKLOADS, LongContextSpec
 from prefix_routing.rules.errors import UserError
 
 if TYPE_CHECKING:
     from prefix_routing.lab.autoscaling import AutoscalingSettings
-    from prefix_routing.rules.limits import LimitSettings
     from prefix_routing.rules.replication import ReplicationSettings
-
-# Shared by cli/analyze.py, simulate.py and tune.py (argparse only; no behaviour of its own).
-
-
-def _ranged_int(name: str, low: int, high: int):
-    import argparse
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer (allowed: {low} to {high})") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{value}: must be from {low} to {high}")
-        return value
-
-    return parse
-
-
-def _positive_float(name: str):
-    import argparse
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not (value > 0 and math.isfinite(value)):
-            raise argparse.ArgumentTypeError(f"{text}: must be a number > 0")
-        return value
-
-    return parse
-
-
-def parse_cache_tokens(text: str) -> float:
-    """``infinite`` (or ``inf``), or a token count such as ``500000``, ``500k``, ``1.4M``."""
-    import argparse
-
-    t = text.strip().lower()
-    if t in ("infinite", "inf", "unbounded"):
-        return math.inf
-    scale = 1
-    if t[-1:] in ("k", "m"):
-        scale = 1_000 if t[-1] == "k" else 1_000_000
-        t = t[:-1]
-    try:
-        value = float(t) * scale
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: takes a token count (e.g. 500k) or 'infinite'") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be >= 0")
-    return value
-
-
-def _strategy(text: str) -> Strategy:
-    import argparse
-
-    try:
-        return Strategy.parse(text)
-    except UserError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def _similarity(text: str) -> float:
-    """--slot-prompt-similarity: a fraction from 0 (off) to 1, as llama-server takes it."""
-    import argparse
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number (allowed: 0 to 1)") from None
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"{text}: must be from 0 to 1 (0 = off)")
-    return value
-
-
-def _cache_ram(text: str) -> float:
-    """--cache-ram: MiB per copy, as llama-server takes it (0 = off, -1 = no limit)."""
-    import argparse
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of MiB (0 = off, -1 = no limit)") from None
-    if not (value == -1 or 0 <= value < math.inf):
-        raise argparse.ArgumentTypeError(f"{text}: must be MiB >= 0 (0 = off) or -1 (no limit)")
-    return value
-
-
-def add_trace_arguments(parser) -> None:
-    parser.add_argument(
-        "trace", nargs="?", metavar="TRACE",
-        help="a trace file (Mooncake JSONL, the normalizer's request log, or raw request bodies; .gz ok), "
-        "or cloudwatch:LOG_GROUP to read the normalizer's log from CloudWatch Logs",
-    )
-    parser.add_argument("--workload", choices=sorted(WORKLOADS), help="generate a workload instead of reading TRACE")
-    parser.add_argument("--format", default="auto", choices=("auto", "mooncake", "log", "bodies"), help="trace format (default: from the first line)")
-    parser.add_argument("--strict", action="store_true", help="fail on the first broken line instead of skipping it")
-    parser.add_argument("--limit", type=_ranged_int("--limit", 1, 10**9), help="use only the first N requests")
-    parser.add_argument("--start", help="cloudwatch: start time (ISO 8601 or epoch ms; default: 1 hour before --end)")
-    parser.add_argument("--end", help="cloudwatch: end time (ISO 8601 or epoch ms; default: now)")
-    parser.add_argument("--region", help="cloudwatch: AWS region")
-    parser.add_argument("--body-rate", type=_positive_float("--body-rate"), default=1.0, help="raw bodies: arrivals per second (bodies carry no times; default 1)")
-    parser.add_argument("--body-block-bytes", type=_ranged_int("--body-block-bytes", 16, 65536), help="raw bodies: bytes per hashed block (default: the normalizer's)")
-    parser.add_argument("--bytes-per-token", type=_positive_float("--bytes-per-token"), default=4.0, metavar="R", help="bytes of body per prompt token (default 4)")
-    parser.add_argument("--key-offset-bytes", type=_ranged_int("--key-offset-bytes", 0, 65536), default=0, metavar="B", help="JSON bytes before the prompt in the normalized body (default 0; invoke path only)")
-    parser.add_argument("--api", choices=("invoke", "openai"), default="invoke",
-                        help="the path the clients call: invoke (PrefixLength counts body bytes, JSON included) or "
-                        "openai (it counts characters of the messages' text; --bytes-per-token then means characters)")
-    parser.add_argument("--load-step", metavar="T:F", help="--workload long-context: the arrival rate × F from T seconds on (e.g. 1800:3)")
-    parser.add_argument("--zipf", type=float, metavar="S", help="--workload long-context: prefix popularity ∝ 1/rank^S (default 0: uniform)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (routing, generated workloads; default 0)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-
-
-def add_tenant_arguments(parser) -> None:
-    """--tenants and --limits (simulate, tune)."""
-    parser.add_argument("--tenants", type=_ranged_int("--tenants", 1, 1000), metavar="N",
-                        help="spread the requests over N tenants, each with its own routing id, a request's tenant "
-                        "following its conversation as `log --tenants` does (1 to 1000); --workload noisy-tenant: "
-                        "its tenants (default 8); a request log names its own")
-    parser.add_argument("--limits", metavar="FILE|off",
-                        help="per-tenant limits before the router, as the front door enforces them: a TOML or JSON "
-                        "file in the stage's [limits] shape (default: the stage's [limits] with --stage; off: none)")
-
-
-def limits_from_args(args) -> "LimitSettings | None":
-    """The per-tenant limits a run models: --limits FILE, else the stage's [limits]; None when off or unset."""
-    if not hasattr(args, "_limits"):
-        from prefix_routing.lab.tenant_limits import load_limits, stage_limits
-
-        given, stage = getattr(args, "limits", None), stage_from_args(args)
-        if given == "off":
-            settings = None
-        elif given:
-            settings = load_limits(given)
-        else:
-            settings = stage_limits(stage) if stage is not None else None
-        args._limits = settings if settings is not None and settings.enabled else None
-    return args._limits
-
-
-def limits_line(args, trace: Trace | None = None) -> str:
-    """What the settings lines say of the limits: on (from where, which) or off."""
-    from prefix_routing.lab.tenant_limits import describe_limits
-
-    settings = limits_from_args(args)
-    if settings is None:
-        return "limits: off" + (" (--limits off)" if getattr(args, "limits", None) == "off" else "")
-    origin = "the stage's [limits]" if not getattr(args, "limits", None) else f"--limits {args.limits}"
-    line = (f"limits: on ({origin}): {describe_limits(settings)}; before the router, as the front door: a refused "
-            "request is throttled (open loop: dropped; closed loop: retried after Retry-After)")
-    if trace is not None and not trace.tenants:
-        line += "; the trace names no tenants: all its requests are one tenant's (--tenants N spreads them)"
-    return line
-
 
 def add_fleet_arguments(parser, *, grid: bool) -> None:
     """The fleet flags; with ``grid`` (tune) --prefix-length and --concurrency-threshold repeat."""
-    parser.add_argument("--instances", type=_ranged_int("--instances", 1, 10_000), metavar="N", help="instances (default 8; 7 for --workload long-context)")
-    parser.add_argument("--copies", type=_ranged_int("--copies", 1, 1024), metavar="C", help="copies per instance (default: the preset's)")
-    parser.add_argument("--strategy", type=_strategy, action="append", metavar="S", help="RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE or KV_AWARE; repeatable")
-    pl = _ranged_int("--prefix-length", *PREFIX_LENGTH_RANGE)
-    ct = _ranged_int("--concurrency-threshold", *CONCURRENCY_THRESHOLD_RANGE)
+    parser.add_argument("--instances", type=ranged_int("--instances", 1, 10_000), metavar="N", help="instances (default 8; 7 for --workload long-context)")
+    parser.add_argument("--copies", type=ranged_int("--copies", 1, 1024), metavar="C", help="copies per instance (default: the preset's)")
+    parser.add_argument("--strategy", type=parse_strategy, action="append", metavar="S", help="RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE or KV_AWARE; repeatable")
+    pl = ranged_int("--prefix-length", *PREFIX_LENGTH_RANGE)
+    ct = ranged_int("--concurrency-threshold", *CONCURRENCY_THRESHOLD_RANGE)
     if grid:
         parser.add_argument("--prefix-length", type=pl, action="append", metavar="B", help=f"PrefixLength to try (bytes); repeatable (default {', '.join(map(str, CANDIDATE_PREFIX_LENGTHS))})")
         parser.add_argument("--concurrency-threshold", type=ct, action="append", metavar="T", help=f"ConcurrencyThreshold to try; repeatable (default {', '.join(map(str, CANDIDATE_THRESHOLDS))})")
@@ -200,117 +54,25 @@ def add_fleet_arguments(parser, *, grid: bool) -> None:
         parser.add_argument("--concurrency-threshold", type=ct, metavar="T", help="ConcurrencyThreshold, 1–1024 (default 10)")
     parser.add_argument("--cache-tokens", type=parse_cache_tokens, metavar="K", help="KV-cache tokens per copy, or 'infinite' (default: from the preset)")
     parser.add_argument("--cache-policy", choices=CACHE_POLICIES, help="the engines' cache: vllm-blocks (an LRU of blocks; default) or llamacpp-slots (llama-server: one sequence per slot, the preset's max_num_seqs slots sharing --cache-tokens, and --cache-ram)")
-    parser.add_argument("--slot-prompt-similarity", type=_similarity, metavar="F", help=f"llamacpp-slots: llama-server's --slot-prompt-similarity (default {SLOT_PROMPT_SIMILARITY:.2f}; 0 = off)")
-    parser.add_argument("--cache-ram", type=_cache_ram, metavar="MIB", help=f"llamacpp-slots: llama-server's --cache-ram, MiB of saved slot states per copy (default {CACHE_RAM_MIB:.0f}; 0 = off, -1 = no limit)")
+    parser.add_argument("--slot-prompt-similarity", type=similarity, metavar="F", help=f"llamacpp-slots: llama-server's --slot-prompt-similarity (default {SLOT_PROMPT_SIMILARITY:.2f}; 0 = off)")
+    parser.add_argument("--cache-ram", type=cache_ram, metavar="MIB", help=f"llamacpp-slots: llama-server's --cache-ram, MiB of saved slot states per copy (default {CACHE_RAM_MIB:.0f}; 0 = off, -1 = no limit)")
     parser.add_argument("--stage", metavar="NAME", help="model the stage's endpoint (config/NAME.toml, or default): its instance type and model, "
                         "instances_max × copies, PrefixLength, ConcurrencyThreshold, and its replication and copy autoscaling "
                         "unless --replication or --autoscaling says otherwise; other flags override")
     parser.add_argument("--autoscaling", choices=("off", "on"), help="copy autoscaling: target tracking on concurrent requests per copy, up to instances × copies (default off, or the stage's with --stage)")
-    parser.add_argument("--autoscaling-target", type=_positive_float("--autoscaling-target"), metavar="C", help="concurrent requests per copy to track (default 4, the stage default)")
-    parser.add_argument("--autoscaling-min", type=_ranged_int("--autoscaling-min", 0, 10_000), metavar="N", help="fewest copies (default 1; 0 scales to zero)")
-    parser.add_argument("--copy-startup-s", type=_positive_float("--copy-startup-s"), metavar="S", help="seconds before a new copy serves (default 300, an assumption)")
+    parser.add_argument("--autoscaling-target", type=positive_float("--autoscaling-target"), metavar="C", help="concurrent requests per copy to track (default 4, the stage default)")
+    parser.add_argument("--autoscaling-min", type=ranged_int("--autoscaling-min", 0, 10_000), metavar="N", help="fewest copies (default 1; 0 scales to zero)")
+    parser.add_argument("--copy-startup-s", type=positive_float("--copy-startup-s"), metavar="S", help="seconds before a new copy serves (default 300, an assumption)")
     parser.add_argument("--replication", choices=("off", "on"), help="PREFIX_AWARE: the front door gives hot prefixes k replicas (<id>-r<j>; default off, or the stage's with --stage)")
-    parser.add_argument("--replication-target-share", type=_positive_float("--replication-target-share"), metavar="F", help="replicate a prefix above F fair shares (1/copies) of recent requests (default 0.05)")
+    parser.add_argument("--replication-target-share", type=positive_float("--replication-target-share"), metavar="F", help="replicate a prefix above F fair shares (1/copies) of recent requests (default 0.05)")
     parser.add_argument("--replication-steering", choices=("off", "on"), help="on (default): replicas chosen by load and a replica that lands where the prefix is already cached gets a fresh id, as the front door does with its shared table; off: replicas in turn")
-    parser.add_argument("--replication-max-replicas", type=_ranged_int("--replication-max-replicas", 1, 64), metavar="K", help="at most K replicas per prefix (default 32)")
+    parser.add_argument("--replication-max-replicas", type=ranged_int("--replication-max-replicas", 1, 64), metavar="K", help="at most K replicas per prefix (default 32)")
     parser.add_argument("--preset", metavar="NAME", help="instance × model preset (default p5.48xlarge-llama3.1-70b); 'list' lists them")
     parser.add_argument("--preset-file", metavar="FILE", help="a preset file measured on a real engine (`calibrate --out FILE`) instead of --preset")
-    parser.add_argument("--speed", type=_positive_float("--speed"), default=1.0, metavar="F", help="replay F times faster than the trace (default 1)")
+    parser.add_argument("--speed", type=positive_float("--speed"), default=1.0, metavar="F", help="replay F times faster than the trace (default 1)")
     parser.add_argument("--out-dir", default=None, metavar="DIR", help="where to write the PNG plots (default out/<command>)")
     parser.add_argument("--no-plots", action="store_true", help="write no PNG")
     parser.add_argument("--progress", action=__import__("argparse").BooleanOptionalAction, default=None, help="progress bar on stderr (default: when stderr is a terminal)")
-
-
-def _time_ms(text: str | None, default_ms: int) -> int:
-    from datetime import datetime, timezone
-
-    if text is None:
-        return default_ms
-    if text.isdigit():
-        return int(text)
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise UserError(f"time {text!r}: use ISO 8601 (2026-11-30T10:00:00Z) or epoch milliseconds") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return int(moment.timestamp() * 1000)
-
-
-def load_from_args(args) -> tuple[Trace, "LongContextSpec | None"]:
-    """The trace the command works on: read (any format, or CloudWatch) or generated."""
-    import time
-
-    from prefix_routing.lab import traces
-
-    spec = None
-    tenants = getattr(args, "tenants", None)
-    if args.workload:
-        if args.trace:
-            raise UserError("give either TRACE or --workload, not both")
-        spec_cls, generate = WORKLOADS[args.workload]
-        options = {} if args.zipf is None else {"zipf": args.zipf}
-        if args.load_step:
-            options["load_step"] = _load_step(args.load_step)
-        if options and spec_cls is not LongContextSpec:
-            raise UserError(f"{'--zipf' if args.zipf is not None else '--load-step'} shapes the long-context workload, "
-                            f"not {args.workload}")
-        if tenants is not None and "tenants" in spec_cls.__dataclass_fields__:
-            options["tenants"], tenants = tenants, None  # the workload's own tenants
-        spec = spec_cls(**options)
-        trace = generate(spec, seed=args.seed)
-    elif args.zipf is not None or args.load_step:
-        raise UserError(f"{'--zipf' if args.zipf is not None else '--load-step'} shapes a generated workload: "
-                        "give it with --workload long-context")
-    elif not args.trace:
-        raise UserError("no trace: give a TRACE file (or cloudwatch:LOG_GROUP), or --workload long-context")
-    elif args.trace.startswith("cloudwatch:"):
-        group = args.trace.split(":", 1)[1]
-        if not group:
-            raise UserError("cloudwatch: needs a log group name, e.g. cloudwatch:/aws/lambda/normalizer")
-        end = _time_ms(args.end, int(time.time() * 1000))
-        start = _time_ms(args.start, end - 3600_000)
-        if start >= end:
-            raise UserError(f"--start must be before --end ({start} >= {end})")
-        trace = traces.read_cloudwatch(group, start, end, region=args.region, strict=args.strict, bytes_per_token=args.bytes_per_token)
-    else:
-        body_options = {"rate": args.body_rate, "block_bytes": args.body_block_bytes}
-        if getattr(args, "prefix_length", None) and isinstance(args.prefix_length, int):
-            body_options["prefix_length"] = args.prefix_length
-        trace = traces.load_trace(args.trace, args.format, strict=args.strict, bytes_per_token=args.bytes_per_token, **body_options)
-    if args.limit:
-        trace = trace.head(args.limit)
-    if tenants is not None:
-        from prefix_routing.lab.tenants import with_tenants
-
-        trace = with_tenants(trace, tenants)
-    report_skipped(trace)
-    return trace, spec
-
-
-def report_skipped(trace: Trace) -> None:
-    """Broken lines (with their line numbers) and the summary, on stderr."""
-    skipped = trace.skipped
-    for example in skipped.examples:
-        print(f"warning: {example}", file=sys.stderr)
-    if skipped.count > len(skipped.examples):
-        print(f"warning: ... and {skipped.count - len(skipped.examples):,} more", file=sys.stderr)
-    summary = skipped.summary(trace.lines)
-    if summary:
-        print(f"{trace.source}: {summary}", file=sys.stderr)
-    for note in trace.notes:
-        print(f"{trace.source}: {note}", file=sys.stderr)
-
-
-def key_offset_bytes(args) -> int:
-    """Bytes of the routing key that are not prompt text: the JSON before the prompt on the invoke
-    path; none on the OpenAI-compatible path, whose PrefixLength counts message text only."""
-    if getattr(args, "api", "invoke") == "openai":
-        if args.key_offset_bytes:
-            raise UserError(f"--key-offset-bytes {args.key_offset_bytes}: the OpenAI-compatible path counts the "
-                            "messages' text only; leave it out with --api openai")
-        return 0
-    return args.key_offset_bytes
 
 
 def _preset_from_args(args):
@@ -323,31 +85,6 @@ def _preset_from_args(args):
     from prefix_routing.stage.preset_file import load_preset_file
 
     return load_preset_file(path)
-
-
-def _load_step(text: str) -> tuple[float, float]:
-    at, _, factor = text.partition(":")
-    try:
-        value = (float(at), float(factor))
-    except ValueError:
-        raise UserError(f"--load-step {text!r}: expected SECONDS:FACTOR, e.g. 1800:3") from None
-    if not (value[0] >= 0 and value[1] > 0):
-        raise UserError(f"--load-step {text!r}: needs SECONDS >= 0 and FACTOR > 0")
-    return value
-
-
-def stage_from_args(args):
-    """The ``--stage`` stage (None without the flag), loaded once per run."""
-    name = getattr(args, "stage", None)
-    if not name:
-        return None
-    cached = getattr(args, "_stage_config", None)
-    if cached is None or cached.name != name:
-        from prefix_routing.cli.stages import load_stage_arg
-
-        cached = load_stage_arg(name)
-        args._stage_config = cached
-    return cached
 
 
 def autoscaling_from_args(args, total_copies: int) -> "AutoscalingSettings | None":
@@ -576,36 +313,3 @@ def _json_default(value):
     if isinstance(value, Strategy):
         return value.value
     raise TypeError(f"not JSON serializable: {type(value).__name__}")
-
-
-def add_sample_argument(parser) -> None:
-    parser.add_argument("--sample", type=_sample_rate, metavar="R|auto",
-                        help="simulate a sample of the routing keys (PrefixAwareId and first PrefixLength bytes) at rate R "
-                        "(0.0001-1, or 10%%) on caches and a clock scaled by R (a miniature simulation); auto: about "
-                        "200,000 requests; the hit rate comes with its sampling error")
-
-
-def _sample_rate(text: str):
-    from prefix_routing.lab.sampling import parse_rate
-
-    try:
-        return parse_rate(text)
-    except UserError as error:
-        raise argparse.ArgumentTypeError(str(error).removeprefix(f"--sample {text!r}: ")) from None
-
-
-def sampled(args, trace, config, *, strategies=None, users=None, limits=None, domains=None):
-    """(trace, config, speed, rate, share, requests before sampling) for ``--sample`` (rate 1: unchanged;
-    ``share``: each miniature copy's share of a whole copy's traffic, see ``lab.sampling.miniature``)."""
-    from prefix_routing.lab import sampling
-
-    requested = getattr(args, "sample", None)
-    speed = getattr(args, "speed", 1.0)
-    if requested is None:
-        return trace, config, speed, 1.0, 1.0, len(trace)
-    rate = sampling.auto_rate(len(trace)) if requested == "auto" else requested
-    if rate >= 1.0:
-        return trace, config, speed, 1.0, 1.0, len(trace)
-    sampling.check_sampling(config, users=users, limits=limits, domains=domains)
-    part, fleet, share = sampling.shrink(trace, config, rate, strategies)
-    return part, fleet, speed / share, rate, share, len(trace)

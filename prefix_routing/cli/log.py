@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from prefix_routing.cli import lab_args
+from prefix_routing.cli import flag_values, trace_args
 from prefix_routing.rules.errors import UserError
 
 HELP = "write the request log the front door would write for a trace (then: advise --log-file LOG)"
@@ -39,12 +39,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", required=True, metavar="LOG", help="the request log to write (JSON lines)")
     parser.add_argument("--stage", default="default", metavar="NAME",
                         help="the front door's and the endpoint's settings (config/NAME.toml; default: the embedded default)")
-    parser.add_argument("--tenants", type=lab_args._ranged_int("--tenants", 1, 1000), default=1, metavar="N",
+    parser.add_argument("--tenants", type=flag_values.ranged_int("--tenants", 1, 1000), default=1, metavar="N",
                         help="spread the requests over N tenants, each with its own routing id (1 to 1000; default 1); "
                         "a request's tenant follows its conversation (its second block) or, for bodies, its first message")
     parser.add_argument("--format", default="auto", choices=("auto", "mooncake", "bodies"),
                         help="trace format (default: from the first line)")
-    parser.add_argument("--body-rate", type=lab_args._positive_float("--body-rate"), default=1.0, metavar="R",
+    parser.add_argument("--body-rate", type=flag_values.positive_float("--body-rate"), default=1.0, metavar="R",
                         help="raw bodies: arrivals per second (bodies carry no times; default 1)")
     parser.add_argument("--start", metavar="TIME",
                         help="the first request's time, ISO 8601 or epoch ms (default: so that the last one is now; "
@@ -71,7 +71,7 @@ class _Source:
     """The trace's requests one at a time (a body is made or read when its turn comes), in order."""
 
     def __init__(self, args) -> None:
-        from prefix_routing.lab import limits, traces
+        from prefix_routing.lab import input_bounds, traces
 
         self.args = args
         fmt = traces.sniff_format(args.trace) if args.format == "auto" else args.format
@@ -81,11 +81,11 @@ class _Source:
         self.epoch_ms: float | None = None  # the first request's time, when the trace's are epoch ms
         if fmt == "mooncake":
             self.trace = traces.read_mooncake(args.trace, strict=args.strict)
-            lab_args.report_skipped(self.trace)
+            trace_args.report_skipped(self.trace)
             origin_ms = 1000.0 * self.trace.origin_s
-            self.epoch_ms = origin_ms if origin_ms >= limits.EPOCH_2000_MS else None
+            self.epoch_ms = origin_ms if origin_ms >= input_bounds.EPOCH_2000_MS else None
         else:
-            low, high = limits.BODY_RATE_RANGE
+            low, high = input_bounds.BODY_RATE_RANGE
             if not low <= args.body_rate <= high:
                 raise UserError(f"--body-rate {args.body_rate:g}: must be from {low:g} to {high:,.0f} requests per second")
             self.bodies = traces.RawBodyReader(args.trace, strict=args.strict)
@@ -186,11 +186,11 @@ class _ControlPlane:
 
 
 def _start_ms(args, source: _Source) -> float:
-    from prefix_routing.lab import limits
+    from prefix_routing.lab import input_bounds
 
     if args.start is not None:
-        start = lab_args._time_ms(args.start, 0)
-        if limits.epoch_ms_problem("--start", start):
+        start = flag_values.time_ms(args.start, 0)
+        if input_bounds.epoch_ms_problem("--start", start):
             raise UserError(f"--start {args.start}: give a time from 2000-01-01 to a day from now")
         return float(start)
     if source.epoch_ms is not None:
@@ -201,7 +201,7 @@ def _start_ms(args, source: _Source) -> float:
 def run(args) -> int:
     from prefix_routing import frontdoor
     from prefix_routing.cli.stages import load_stage_arg
-    from prefix_routing.lab.common import _progress
+    from prefix_routing.lab.progress import progress_bar
     from prefix_routing.lab.fleet import Fleet
     from prefix_routing.lab.fleet_config import FleetConfig
     from prefix_routing.lab.stage_fleet import stage_fleet_values
@@ -238,7 +238,7 @@ def run(args) -> int:
         replicas = frontdoor.Replicas(config, copies=telemetry.copies, clock=clock) if config.replication.enabled else None
         invoker = frontdoor.Invoker(endpoint, config, OFFLINE_TENANT_KEY, telemetry_sink=telemetry,
                                     replicas=replicas, sleep=lambda s: None)
-        bar = _progress(source.total, "log", None)
+        bar = progress_bar(source.total, "log", None)
         try:
             for request in source:
                 endpoint.now = request.arrival_s

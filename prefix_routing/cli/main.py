@@ -20,10 +20,12 @@ COMMANDS: dict[str, str] = {
     "simulate": "simulate",
     "tune": "tune",
     "advise": "advise",
+    "usage": "usage",
     "log": "log",
     "emulate": "emulate",
     "loadtest": "loadtest",
     "demo": "demo",
+    "preflight": "preflight",
     "verify": "verify",
     "benchmark": "benchmark",
     "images": "images",
@@ -37,6 +39,18 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # noqa: D102 - argparse API
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Every option's default in its help: as the help words it, else argparse's value of it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or not action.option_strings or action.default in (None, "", argparse.SUPPRESS):
+            return text  # (an option without a value of its own says what its absence means)
+        if action.nargs == 0 and isinstance(action.default, bool):  # store_true and its kin
+            return f"{text} (default: {'on' if action.default else 'off'})"
+        return f"{text} (default: %(default)s)"
 
 
 def _load(name: str):
@@ -56,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in COMMANDS:
         if chosen is None or name == chosen:
             module = _load(name)
-            command_parser = sub.add_parser(name, help=module.HELP, description=module.HELP)
+            command_parser = sub.add_parser(name, help=module.HELP, description=module.HELP,
+                                            formatter_class=_DefaultsFormatter)
             module.add_arguments(command_parser)
             command_parser.set_defaults(_run=module.run)
         else:

@@ -7,7 +7,7 @@ import math
 import sys
 
 from prefix_routing import lab
-from prefix_routing.cli import lab_args
+from prefix_routing.cli import flag_values, lab_args, tenant_args, trace_args
 from prefix_routing.lab.overload import WAIT_S
 from prefix_routing.lab.routing import Strategy
 from prefix_routing.lab.tenant_report import tenant_table
@@ -25,16 +25,16 @@ DEFAULT_STRATEGIES = (
 
 
 def add_arguments(parser) -> None:
-    lab_args.add_trace_arguments(parser)
+    trace_args.add_trace_arguments(parser)
     lab_args.add_fleet_arguments(parser, grid=False)
-    lab_args.add_tenant_arguments(parser)
-    parser.add_argument("--users", type=lab_args._ranged_int("--users", 1, 100_000), metavar="U",
+    tenant_args.add_tenant_arguments(parser)
+    parser.add_argument("--users", type=flag_values.ranged_int("--users", 1, 100_000), metavar="U",
                         help="closed loop: U clients, each sending the trace's next request when its last one has "
                         "finished, instead of the trace's arrival times (how AWS's benchmark runs)")
-    parser.add_argument("--domains", type=lab_args._ranged_int("--domains", 2, 8), metavar="K",
+    parser.add_argument("--domains", type=flag_values.ranged_int("--domains", 2, 8), metavar="K",
                         help="also price isolation: the same fleet as one shared component against K trust domains "
                         "(the tenants dealt round-robin, an equal share of the copies each), with PREFIX_AWARE")
-    lab_args.add_sample_argument(parser)
+    trace_args.add_sample_argument(parser)
     parser.add_argument("--as-sent", action="store_true",
                         help="raw bodies (--format bodies): route on the bytes as the clients sent them, as with no "
                         "front door; the misses of requests whose bytes key differently count as 're-keyed'")
@@ -50,10 +50,10 @@ def run(args) -> int:
     if args.concurrency_threshold is not None:
         fixed["concurrency_threshold"] = args.concurrency_threshold
     lab_args.fleet_config_from_args(args, None, None, **fixed)  # bad flags fail before a long read
-    limits = lab_args.limits_from_args(args)
+    limits = tenant_args.limits_from_args(args)
     if args.users is not None and args.speed != 1.0:
         raise UserError(f"--speed {args.speed:g} replays the trace's timing; --users {args.users} replaces it: give one")
-    trace, spec = lab_args.load_from_args(args)
+    trace, spec = trace_args.load_from_args(args)
     config = lab_args.fleet_config_from_args(args, trace, spec, **fixed)
     strategies = list(dict.fromkeys(args.strategy or DEFAULT_STRATEGIES))
     config = lab_args.settle_autoscaling(args, config, strategies)
@@ -61,7 +61,7 @@ def run(args) -> int:
     if args.as_sent and not trace.raw_keys:
         raise UserError(f"--as-sent routes raw request bodies on their own bytes; {trace.source} is not raw bodies "
                         "(--format bodies)")
-    trace, config, speed, rate, share, whole = lab_args.sampled(args, trace, config, strategies=strategies,
+    trace, config, speed, rate, share, whole = trace_args.sampled(args, trace, config, strategies=strategies,
                                                                users=args.users, limits=limits, domains=args.domains)
     results = lab.simulate_many(trace, config, strategies, speed=speed, progress=args.progress, users=args.users,
                                 as_sent=args.as_sent, limits=limits)
@@ -72,7 +72,7 @@ def run(args) -> int:
     tenants = tenant_summary(trace)
     isolation = None
     if args.domains is not None:
-        from prefix_routing.lab.domains import price_of_isolation
+        from prefix_routing.lab.isolation_price import price_of_isolation
 
         fleet = dataclasses.replace(config, strategy=Strategy.PREFIX_AWARE)
         isolation = price_of_isolation(trace, fleet, args.domains, run=lambda part, f: lab.simulate(
@@ -120,7 +120,7 @@ def run(args) -> int:
     if tenants["dominant"]:
         print(f"\nwarning: {tenants['dominant']['text']}")
     if isolation is not None:
-        from prefix_routing.lab.domains import isolation_table
+        from prefix_routing.lab.isolation_price import isolation_table
 
         print(f"\ntrust domains (PREFIX_AWARE): one shared component against {args.domains}, each with its own "
               "copies and caches")

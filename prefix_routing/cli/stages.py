@@ -1,4 +1,4 @@
-"""The ``--stage`` flag's stage, for the commands that read one (emulate, verify, images)."""
+"""The ``--stage`` flag's stage, for the commands that read one (emulate, verify, images, the lab's)."""
 
 from __future__ import annotations
 
@@ -13,3 +13,15 @@ def load_stage_arg(name: str):
         return load_stage(name)
     except ConfigError as error:
         raise UserError(str(error).replace("\n", "; ")) from None  # every problem, on one line
+
+
+def stage_from_args(args):
+    """The ``--stage`` stage (None without the flag), loaded once per run."""
+    name = getattr(args, "stage", None)
+    if not name:
+        return None
+    cached = getattr(args, "_stage_config", None)
+    if cached is None or cached.name != name:
+        cached = load_stage_arg(name)
+        args._stage_config = cached
+    return cached

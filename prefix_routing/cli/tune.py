@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from prefix_routing import lab
-from prefix_routing.cli import lab_args
+from prefix_routing.cli import flag_values, lab_args, tenant_args, trace_args
 from prefix_routing.lab.routing import Strategy
 from prefix_routing.lab.simulate import check_autoscaling
 from prefix_routing.rules.errors import UserError
@@ -14,14 +14,14 @@ HELP = "tune PrefixLength and ConcurrencyThreshold on a trace: frontier, recomme
 
 
 def add_arguments(parser) -> None:
-    lab_args.add_trace_arguments(parser)
+    trace_args.add_trace_arguments(parser)
     lab_args.add_fleet_arguments(parser, grid=True)
-    lab_args.add_tenant_arguments(parser)
+    tenant_args.add_tenant_arguments(parser)
     parser.add_argument(
-        "--max-imbalance", type=lab_args._positive_float("--max-imbalance"), default=1.2, metavar="X",
+        "--max-imbalance", type=flag_values.positive_float("--max-imbalance"), default=1.2, metavar="X",
         help="largest acceptable max/mean requests per instance (default 1.2)",
     )
-    lab_args.add_sample_argument(parser)
+    trace_args.add_sample_argument(parser)
 
 
 def run(args) -> int:
@@ -29,8 +29,8 @@ def run(args) -> int:
         print(lab_args.presets_table())
         return 0
     lab_args.fleet_config_from_args(args, None, None)  # bad flags fail before a long read
-    limits = lab_args.limits_from_args(args)
-    trace, spec = lab_args.load_from_args(args)
+    limits = tenant_args.limits_from_args(args)
+    trace, spec = trace_args.load_from_args(args)
     config = lab_args.fleet_config_from_args(args, trace, spec)
     strategies = list(dict.fromkeys(args.strategy or (Strategy.RANDOM, Strategy.LEAST_OUTSTANDING_REQUESTS, Strategy.PREFIX_AWARE)))
     baselines = [s for s in strategies if s is not Strategy.PREFIX_AWARE]
@@ -44,7 +44,7 @@ def run(args) -> int:
     # runs on the miniature of PREFIX_AWARE; the baselines, which spread a key over every copy, on the
     # whole fleet's copies, each scaled (lab/sampling.py).
     whole_config = config
-    trace, config, speed, rate, _, whole = lab_args.sampled(args, trace, config, limits=limits,
+    trace, config, speed, rate, _, whole = trace_args.sampled(args, trace, config, limits=limits,
                                                             strategies=[Strategy.PREFIX_AWARE])
     baseline_fleet = None
     if rate < 1.0 and baselines:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from prefix_routing.emulator.backend import BackendResponse, ErrorReply
-from prefix_routing.emulator.protocol import RuntimeRequest, _log_stream_arn
+from prefix_routing.emulator.protocol import RuntimeRequest, log_stream_arn
 from prefix_routing.rules.limits import OUTPUT_LIMIT_FIELDS, output_limit_values
 
 #: The last server-sent event of an OpenAI-style stream.
@@ -26,7 +26,7 @@ def sse_event(obj: Any) -> bytes:
 _WORD_RE = re.compile(r"\S+")
 
 
-def _prompt_text(body: Any) -> tuple[str, str]:
+def prompt_texts(body: Any) -> tuple[str, str]:
     """(all prompt text in order, the last user turn's text) of a chat, completions or LMI body."""
 
     def text_of(content: Any) -> str:
@@ -113,7 +113,7 @@ def parse_chat_request(request: RuntimeRequest, *, default_max_tokens: int) -> C
     Nothing here grows with the limit."""
     try:
         body = request.json()
-        everything, last_user = _prompt_text(body)
+        everything, last_user = prompt_texts(body)
         limit = _limit(body)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         return client_error(request, str(exc))
@@ -161,7 +161,7 @@ def client_error(request: RuntimeRequest, text: str) -> ErrorReply:
         f'Received client error (400) from primary with message "{message}".',
         original_status_code=400,
         original_message=message,
-        log_stream_arn=_log_stream_arn(request.endpoint_name),
+        log_stream_arn=log_stream_arn(request.endpoint_name),
     )
 
 

@@ -42,7 +42,7 @@ from typing import Any
 
 from prefix_routing.emulator.backend import BackendResponse, ErrorReply, StreamFailure
 from prefix_routing.emulator.engine_health import EngineHealth
-from prefix_routing.emulator.protocol import OP_CHAT_COMPLETIONS, RuntimeRequest, _log_stream_arn
+from prefix_routing.emulator.protocol import OP_CHAT_COMPLETIONS, RuntimeRequest, log_stream_arn
 from prefix_routing.lab.routing import Router, Strategy
 from prefix_routing.rules.errors import UserError
 from prefix_routing.rules.openai_path import routing_id as openai_routing_id, routing_prefix
@@ -363,13 +363,13 @@ def _client_error(request: RuntimeRequest, text: str, status: int = 400, origina
         {"object": "error", "message": text, "type": "BadRequestError", "code": status})
     return ErrorReply("ModelError", f'Received client error ({status}) from primary with message "{message}".',
                       original_status_code=status, original_message=message,
-                      log_stream_arn=_log_stream_arn(request.endpoint_name))
+                      log_stream_arn=log_stream_arn(request.endpoint_name))
 
 
 def _engine_error(request: RuntimeRequest, status: int, text: str) -> ErrorReply:
     return ErrorReply("ModelError", f'Received server error ({status}) from primary with message "{text}".',
                       original_status_code=status, original_message=text,
-                      log_stream_arn=_log_stream_arn(request.endpoint_name))
+                      log_stream_arn=log_stream_arn(request.endpoint_name))
 
 
 def start_engine_emulator(config, engine_urls: Sequence[str], *, port: int = 0, faults=None, seed: int = 0,

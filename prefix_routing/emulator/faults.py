@@ -103,7 +103,7 @@ class Faults:
 
 
 @dataclass(frozen=True)
-class _Plan:
+class FaultPlan:
     throttle: bool = False
     error: bool = False
     stream_error_after: int | None = None
@@ -112,7 +112,7 @@ class _Plan:
     first_chunk_delay: float = 0.0
 
 
-def _plan(faults: Faults, index: int, rng: random.Random) -> _Plan:
+def plan_faults(faults: Faults, index: int, rng: random.Random) -> FaultPlan:
     draws = [rng.random() for _ in range(6)]  # always six: reproducible whatever is enabled
     throttle = index < faults.throttle_first or draws[0] < faults.throttle_rate
     error = not throttle and (
@@ -130,4 +130,4 @@ def _plan(faults: Faults, index: int, rng: random.Random) -> _Plan:
         else None
     )
     delay = faults.first_chunk_delay if draws[5] < faults.first_chunk_delay_rate else 0.0
-    return _Plan(throttle, error, stream_error, truncate, drop, delay)
+    return FaultPlan(throttle, error, stream_error, truncate, drop, delay)

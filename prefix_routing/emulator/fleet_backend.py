@@ -38,7 +38,7 @@ from typing import Any
 from prefix_routing.emulator.backend import BackendResponse, ErrorReply
 from prefix_routing.emulator.chat import chat_response, parse_chat_request, within_context
 from prefix_routing.emulator.protocol import OP_CHAT_COMPLETIONS, RuntimeRequest
-from prefix_routing.lab.domains import fleet_for_copies
+from prefix_routing.lab.isolation_price import fleet_for_copies
 from prefix_routing.lab.fleet import Fleet, Request
 from prefix_routing.lab.fleet_config import FleetConfig
 # Re-exported: the emulator's callers and tests know them from here.
@@ -47,7 +47,7 @@ from prefix_routing.rules.errors import UserError
 from prefix_routing.rules.identity import block_hashes
 from prefix_routing.rules.openai_path import routing_id as openai_routing_id, routing_prefix
 from prefix_routing.stage.config import StageConfig
-from prefix_routing.stage.domains import ComponentPlan
+from prefix_routing.stage.domain_checks import ComponentPlan
 from prefix_routing.stage.presets import Preset
 
 BYTES_PER_TOKEN = 4.0

@@ -11,27 +11,28 @@ import contextlib
 import json
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
-from prefix_routing.emulator.backend import BackendResponse, ErrorReply
-from prefix_routing.emulator.faults import _Plan
-from prefix_routing.emulator.http_io import HttpIO, _BadRequest, _Disconnected, _TimedOut, _TooLarge
+from prefix_routing.emulator.backend import Backend, BackendResponse, ErrorReply
+from prefix_routing.emulator.faults import FaultPlan, Faults
+from prefix_routing.emulator.http_io import BadRequest, ConnectionHost, Disconnected, HttpIO, TimedOut, TooLarge
 from prefix_routing.emulator.openai_wire import OpenAIWire
 from prefix_routing.emulator.protocol import (
-    _COMPONENT_RE,
-    _NAME_RE,
-    _PRINTABLE_ID_RE,
-    _SESSION_RE,
+    COMPONENT_RE,
     MAX_BODY_BYTES,
     MODELS_PATH,
+    NAME_RE,
     OP_CHAT_COMPLETIONS,
     OP_INVOKE,
     OP_INVOKE_STREAM,
+    PRINTABLE_ID_RE,
+    SESSION_RE,
     RequestHeaders,
     RuntimeRequest,
-    _log_stream_arn,
-    _route,
+    log_stream_arn,
+    route_path,
 )
 from prefix_routing.emulator.recording import RecordedRequest
 from prefix_routing.emulator.sagemaker_wire import SageMakerWire
@@ -44,8 +45,32 @@ COMPONENT_REQUIRED = ("Inference Component Name header is required for endpoints
                       "SageMaker models.")
 
 
-class _Handler(SageMakerWire, OpenAIWire, HttpIO):
+class RuntimeHost(ConnectionHost, Protocol):
+    """What the handler and its wires need of their server (:class:`~prefix_routing.emulator.server.RuntimeServer`)."""
+
+    backend: Backend
+    faults: Faults
+    endpoints: frozenset[str] | None
+    bearer_token: str | None
+    require_component: bool
+    served_model: str
+    started_wall: float
+
+    def status(self) -> dict[str, Any]: ...
+
+    def admit(
+        self, make_request: Callable[[int], RuntimeRequest]
+    ) -> tuple[RuntimeRequest, RecordedRequest, FaultPlan]: ...
+
+    def record_outcome(
+        self, record: RecordedRequest, outcome: str, status: int | None, error_code: str | None = None
+    ) -> None: ...
+
+
+class RuntimeHandler(SageMakerWire, OpenAIWire, HttpIO):
     """Dispatch by path: health, the SageMaker operations, the OpenAI-style routes."""
+
+    server: RuntimeHost
 
     # -- GET
     def do_GET(self) -> None:
@@ -65,19 +90,19 @@ class _Handler(SageMakerWire, OpenAIWire, HttpIO):
     # -- POST
     def do_POST(self) -> None:
         path = urlsplit(self.path).path
-        routed = _route(path)
+        routed = route_path(path)
         try:
             body = self._read_body()
-        except _BadRequest as bad:
+        except BadRequest as bad:
             self._json_error(400, str(bad))
             return
-        except _TooLarge:
+        except TooLarge:
             self._json_error(413, "Request entity too large")
             return
-        except _TimedOut:
+        except TimedOut:
             self._timed_out()
             return
-        except _Disconnected:
+        except Disconnected:
             self.close_connection = True
             return
         if routed is None:
@@ -114,42 +139,42 @@ class _Handler(SageMakerWire, OpenAIWire, HttpIO):
                 path=path,
             )
 
-        request, record, plan = self.server._admit(make)
+        request, record, plan = self.server.admit(make)
         outcome, status, code = "error", 500, "InternalFailure"
         try:
             if operation == OP_CHAT_COMPLETIONS:
                 outcome, status, code = self._openai(request, record, plan, openai_body)
             else:
                 outcome, status, code = self._sagemaker(request, record, plan)
-        except _Disconnected:
+        except Disconnected:
             outcome, status, code = "client_disconnected", None, None
         finally:
-            self.server._finish(record, outcome, status, code)
+            self.server.record_outcome(record, outcome, status, code)
 
     # -- the SageMaker operations
     def _validate(self, request: RuntimeRequest) -> str | None:
         h = request.headers
         name = request.endpoint_name
-        if not (len(name) <= 63 and _NAME_RE.match(name)):
+        if not (len(name) <= 63 and NAME_RE.match(name)):
             return f"1 validation error detected: Value '{name}' at 'endpointName' failed to satisfy constraint"
         if len(request.body) > MAX_BODY_BYTES:
             return f"Request body of {len(request.body)} bytes exceeds the maximum of {MAX_BODY_BYTES} bytes"
         if h.prefix_aware_id is not None and not (
-            1 <= len(h.prefix_aware_id) <= 64 and _PRINTABLE_ID_RE.match(h.prefix_aware_id)
+            1 <= len(h.prefix_aware_id) <= 64 and PRINTABLE_ID_RE.match(h.prefix_aware_id)
         ):
             return ("Value at 'prefixAwareId' failed to satisfy constraint: Member must have length between 1 and 64 "
                     "and satisfy regular expression pattern: \\A\\S[\\p{Print}]*\\z")
         if h.inference_component is not None and not (
-            len(h.inference_component) <= 63 and _COMPONENT_RE.match(h.inference_component)
+            len(h.inference_component) <= 63 and COMPONENT_RE.match(h.inference_component)
         ):
             return "Value at 'inferenceComponentName' failed to satisfy constraint"
         if h.inference_id is not None and not (
-            1 <= len(h.inference_id) <= 64 and _PRINTABLE_ID_RE.match(h.inference_id)
+            1 <= len(h.inference_id) <= 64 and PRINTABLE_ID_RE.match(h.inference_id)
         ):
             return "Value at 'inferenceId' failed to satisfy constraint"
         if h.session_id is not None and not (
             len(h.session_id) <= 256
-            and (_SESSION_RE.match(h.session_id) or (h.session_id == "NEW_SESSION" and request.operation == OP_INVOKE))
+            and (SESSION_RE.match(h.session_id) or (h.session_id == "NEW_SESSION" and request.operation == OP_INVOKE))
         ):
             return "Value at 'sessionId' failed to satisfy constraint"
         if self.server.endpoints is not None and name not in self.server.endpoints:
@@ -158,7 +183,9 @@ class _Handler(SageMakerWire, OpenAIWire, HttpIO):
             return COMPONENT_REQUIRED
         return None
 
-    def _before_backend(self, request: RuntimeRequest, record: RecordedRequest, plan: _Plan) -> ErrorReply | None:
+    def _before_backend(
+        self, request: RuntimeRequest, record: RecordedRequest, plan: FaultPlan
+    ) -> ErrorReply | None:
         faults = self.server.faults
         if plan.throttle:
             record.fault = "throttle"
@@ -172,7 +199,7 @@ class _Handler(SageMakerWire, OpenAIWire, HttpIO):
                     'Received server error (500) from primary with message "injected fault".',
                     original_status_code=500,
                     original_message='{"object":"error","message":"injected fault","code":500}',
-                    log_stream_arn=_log_stream_arn(request.endpoint_name),
+                    log_stream_arn=log_stream_arn(request.endpoint_name),
                 )
             return ErrorReply(kind, f"Injected {kind}.")
         return None

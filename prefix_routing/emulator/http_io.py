@@ -10,39 +10,43 @@ import re
 import socket
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from prefix_routing.emulator.connections import Watch
-from prefix_routing.emulator.protocol import _READ_LIMIT
-
-if TYPE_CHECKING:
-    from prefix_routing.emulator.server import RuntimeServer
+from prefix_routing.emulator.connections import ConnectionGuard, ConnectionLimits, Watch
+from prefix_routing.emulator.protocol import READ_LIMIT
 
 _CHUNK_LINE = 1024  # a chunk-size line (hex size and extensions) longer than this is refused
 _HEX_RE = re.compile(rb"[0-9a-fA-F]{1,16}")
 
 
-class _Disconnected(Exception):
+class Disconnected(Exception):
     """The caller closed the connection while the server was reading or writing."""
 
 
-class _BadRequest(Exception):
+class BadRequest(Exception):
     """A request HTTP itself cannot carry (a bad Content-Length, a malformed chunk): 400, then close."""
 
 
-class _TooLarge(Exception):
+class TooLarge(Exception):
     """A body over the server's read limit: 413, then close."""
 
 
-class _TimedOut(Exception):
+class TimedOut(Exception):
     """The request's headers and body did not arrive within ``request_timeout_s``: 408, then close."""
+
+
+class ConnectionHost(Protocol):
+    """What :class:`HttpIO` needs of its server: the connection bounds and the guard that enforces them."""
+
+    limits: ConnectionLimits
+    guard: ConnectionGuard
 
 
 class HttpIO(BaseHTTPRequestHandler):
     """Connection plumbing shared by both wires: keep-alive, TCP_NODELAY, deadlines, bodies and writes."""
 
     protocol_version = "HTTP/1.1"
-    server: RuntimeServer
+    server: ConnectionHost
     server_version = "prefix-routing-runtime"
     sys_version = ""
     _watch: Watch
@@ -116,14 +120,14 @@ class HttpIO(BaseHTTPRequestHandler):
 
     # -- plumbing
     def _read_body(self) -> bytes:
-        """The request body, whole. Raises _BadRequest, _TooLarge, _TimedOut or _Disconnected."""
+        """The request body, whole. Raises BadRequest, TooLarge, TimedOut or Disconnected."""
         try:
             if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
                 body = self._read_chunked()
             else:
                 body = self._read_exactly(self._content_length())
         except (TimeoutError, ConnectionError) as exc:
-            raise (_TimedOut() if self._watch.expired else _Disconnected()) from exc
+            raise (TimedOut() if self._watch.expired else Disconnected()) from exc
         self._answering()
         return body
 
@@ -133,16 +137,16 @@ class HttpIO(BaseHTTPRequestHandler):
             return 0
         text = raw.strip()
         if not text.isdigit() or len(text) > 20:
-            raise _BadRequest(f"Content-Length {raw!r}: allowed a decimal integer from 0 to {_READ_LIMIT}")
+            raise BadRequest(f"Content-Length {raw!r}: allowed a decimal integer from 0 to {READ_LIMIT}")
         length = int(text)
-        if length > _READ_LIMIT:
-            raise _TooLarge()
+        if length > READ_LIMIT:
+            raise TooLarge()
         return length
 
     def _read_exactly(self, size: int) -> bytes:
         data = self.rfile.read(size) if size else b""
         if len(data) < size:  # the caller went away, or the reaper cut a stalled body
-            raise _TimedOut() if self._watch.expired else _Disconnected()
+            raise TimedOut() if self._watch.expired else Disconnected()
         return data
 
     def _read_chunked(self) -> bytes:
@@ -151,11 +155,11 @@ class HttpIO(BaseHTTPRequestHandler):
             line = self.rfile.readline(_CHUNK_LINE + 1)
             if not line.endswith(b"\n"):
                 if len(line) > _CHUNK_LINE:
-                    raise _BadRequest(f"chunk-size line longer than {_CHUNK_LINE} bytes")
-                raise _TimedOut() if self._watch.expired else _Disconnected()
+                    raise BadRequest(f"chunk-size line longer than {_CHUNK_LINE} bytes")
+                raise TimedOut() if self._watch.expired else Disconnected()
             text = line.split(b";", 1)[0].strip()
             if not _HEX_RE.fullmatch(text):
-                raise _BadRequest(f"chunk size {text[:40]!r}: allowed 1 to 16 hexadecimal digits")
+                raise BadRequest(f"chunk size {text[:40]!r}: allowed 1 to 16 hexadecimal digits")
             size = int(text, 16)
             if size == 0:
                 for _ in range(100):  # trailer fields, then the empty line
@@ -163,21 +167,21 @@ class HttpIO(BaseHTTPRequestHandler):
                     if trailer in (b"\r\n", b"\n"):
                         return b"".join(parts)
                     if not trailer.endswith(b"\n"):
-                        raise _TimedOut() if self._watch.expired else _Disconnected()
-                raise _BadRequest("more than 100 trailer fields")
+                        raise TimedOut() if self._watch.expired else Disconnected()
+                raise BadRequest("more than 100 trailer fields")
             total += size
-            if total > _READ_LIMIT:
-                raise _TooLarge()
+            if total > READ_LIMIT:
+                raise TooLarge()
             parts.append(self._read_exactly(size))
             if self.rfile.readline(8) not in (b"\r\n", b"\n"):
-                raise _BadRequest("chunk data not followed by CRLF")
+                raise BadRequest("chunk data not followed by CRLF")
 
     def _send(self, data: bytes) -> None:
         try:
             self.wfile.write(data)
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, TimeoutError) as exc:
             self.close_connection = True
-            raise _Disconnected from exc
+            raise Disconnected from exc
 
     def _send_chunk(self, data: bytes) -> None:
         if data:

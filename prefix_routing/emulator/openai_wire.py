@@ -11,7 +11,7 @@ from typing import Any
 from prefix_routing.emulator.backend import ErrorReply, StreamFailure
 from prefix_routing.emulator.chat import sse_event
 from prefix_routing.emulator.protocol import OP_CHAT_COMPLETIONS, RequestHeaders
-from prefix_routing.emulator.sagemaker_wire import _close, _stream_outcome
+from prefix_routing.emulator.sagemaker_wire import close_iterator, stream_outcome
 
 
 class OpenAIWire:
@@ -94,7 +94,7 @@ class OpenAIWire:
                 message = exc.message if isinstance(exc, StreamFailure) else f"{type(exc).__name__}: {exc}"
                 return "error", self._openai_error(rid, 500, message, "ModelError"), "ModelError"
             finally:
-                _close(iterator)
+                close_iterator(iterator)
             record.headers_sent_at = record.first_chunk_at = time.monotonic()
             record.chunks_sent, record.bytes_sent = 1, len(data)
             self._simple(200, data, response.content_type, headers)
@@ -115,4 +115,4 @@ class OpenAIWire:
             }
             self._send_chunk(sse_event(error_body))
         self._end_stream(ended)
-        return _stream_outcome(ended, failure)
+        return stream_outcome(ended, failure)

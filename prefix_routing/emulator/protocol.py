@@ -31,12 +31,12 @@ STREAM_ERROR_KINDS = ("ModelStreamError", "InternalStreamFailure")
 
 #: ``Body`` of InvokeEndpoint / InvokeEndpointWithResponseStream: at most 6 MiB (service model).
 MAX_BODY_BYTES = 6 * 1024 * 1024
-_READ_LIMIT = 64 * 1024 * 1024  # beyond this the server answers 413 and closes
+READ_LIMIT = 64 * 1024 * 1024  # beyond this the server answers 413 and closes
 
-_NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9])*$")
-_COMPONENT_RE = re.compile(r"^[a-zA-Z0-9]([\-a-zA-Z0-9]*[a-zA-Z0-9])?$")
-_PRINTABLE_ID_RE = re.compile(r"^[!-~][ -~]*$")  # \A\S[\p{Print}]*\z, ASCII
-_SESSION_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9])*$")
+NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9])*$")
+COMPONENT_RE = re.compile(r"^[a-zA-Z0-9]([\-a-zA-Z0-9]*[a-zA-Z0-9])?$")
+PRINTABLE_ID_RE = re.compile(r"^[!-~][ -~]*$")  # \A\S[\p{Print}]*\z, ASCII
+SESSION_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9])*$")
 
 _PATHS = (
     (re.compile(r"^/endpoints/([^/]+)/invocations$"), OP_INVOKE),
@@ -49,7 +49,7 @@ _PATHS = (
 MODELS_PATH = re.compile(r"^/endpoints/([^/]+)/openai/v1/models$")
 
 
-def _route(path: str) -> tuple[re.Match[str], str] | None:
+def route_path(path: str) -> tuple[re.Match[str], str] | None:
     for pattern, operation in _PATHS:
         match = pattern.match(path)
         if match:
@@ -139,5 +139,5 @@ class RuntimeRequest:
         return json.loads(self.body.decode("utf-8"))
 
 
-def _log_stream_arn(endpoint_name: str) -> str:
+def log_stream_arn(endpoint_name: str) -> str:
     return f"arn:aws:logs:us-east-1:000000000000:log-group:/aws/sagemaker/Endpoints/{endpoint_name}"

@@ -13,7 +13,7 @@ from typing import Any
 
 from prefix_routing.emulator import eventstream
 from prefix_routing.emulator.backend import BackendResponse, ErrorReply, StreamFailure
-from prefix_routing.emulator.faults import _Plan
+from prefix_routing.emulator.faults import FaultPlan
 from prefix_routing.emulator.protocol import OP_INVOKE, RuntimeRequest
 from prefix_routing.emulator.recording import RecordedRequest
 
@@ -42,7 +42,9 @@ class SageMakerWire:
             out["X-Amzn-SageMaker-Custom-Attributes"] = response.custom_attributes
         return out
 
-    def _sagemaker(self, request: RuntimeRequest, record: RecordedRequest, plan: _Plan) -> tuple[str, int, str | None]:
+    def _sagemaker(
+        self, request: RuntimeRequest, record: RecordedRequest, plan: FaultPlan
+    ) -> tuple[str, int, str | None]:
         problem = self._validate(request)
         error = ErrorReply("ValidationError", problem) if problem else self._before_backend(request, record, plan)
         result = error or self._call_backend(request)
@@ -71,7 +73,7 @@ class SageMakerWire:
             error = ErrorReply("InternalFailure", f"backend failed: {type(exc).__name__}: {exc}")
             return "error", self._aws_error(request.request_id, error), "InternalFailure"
         finally:
-            _close(iterator)
+            close_iterator(iterator)
         headers = self._response_headers(request, response)
         session = request.headers.session_id
         new_session = response.new_session_id
@@ -98,7 +100,7 @@ class SageMakerWire:
         record.headers_sent_at = time.monotonic()
 
     def _pump(
-        self, record: RecordedRequest, plan: _Plan, response: BackendResponse, frame
+        self, record: RecordedRequest, plan: FaultPlan, response: BackendResponse, frame
     ) -> tuple[str, StreamFailure | None]:
         """Send chunks through ``frame`` until the end or a fault; returns (how it ended, failure)."""
         iterator = iter(response.chunks)
@@ -137,7 +139,7 @@ class SageMakerWire:
                 record.chunks_sent += 1
                 record.bytes_sent += len(chunk)
         finally:
-            _close(iterator)
+            close_iterator(iterator)
 
     def _end_stream(self, ended: str) -> None:
         if ended == "drop":
@@ -164,10 +166,10 @@ class SageMakerWire:
                 event = eventstream.internal_stream_failure(failure.message)
             self._send_chunk(event)
         self._end_stream(ended)
-        return _stream_outcome(ended, failure)
+        return stream_outcome(ended, failure)
 
 
-def _stream_outcome(ended: str, failure: StreamFailure | None) -> tuple[str, int, str | None]:
+def stream_outcome(ended: str, failure: StreamFailure | None) -> tuple[str, int, str | None]:
     if failure is not None:
         return "stream_error", 200, failure.kind
     if ended == "truncate":
@@ -177,7 +179,7 @@ def _stream_outcome(ended: str, failure: StreamFailure | None) -> tuple[str, int
     return "ok", 200, None
 
 
-def _close(iterator: Any) -> None:
+def close_iterator(iterator: Any) -> None:
     close = getattr(iterator, "close", None)
     if callable(close):
         with contextlib.suppress(Exception):

@@ -94,7 +94,7 @@ import socket
 import socketserver
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from http.server import ThreadingHTTPServer
 from typing import Any
 
@@ -108,8 +108,8 @@ from prefix_routing.emulator.connections import (
     ConnectionLimits,
 )
 from prefix_routing.emulator.echo_backend import EchoBackend
-from prefix_routing.emulator.faults import Faults, _Plan, _plan
-from prefix_routing.emulator.handler import _Handler
+from prefix_routing.emulator.faults import FaultPlan, Faults, plan_faults
+from prefix_routing.emulator.handler import RuntimeHandler
 from prefix_routing.emulator.protocol import RuntimeRequest
 from prefix_routing.emulator.recording import (
     DEFAULT_RECORD_BODY_BYTES,
@@ -187,7 +187,7 @@ class RuntimeServer(ThreadingHTTPServer):
         self._thread: threading.Thread | None = None
         if ":" in host:
             self.address_family = socket.AF_INET6
-        super().__init__((host, port), _Handler)
+        super().__init__((host, port), RuntimeHandler)
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind would look the host up with socket.getfqdn (DNS); not needed here.
@@ -298,16 +298,21 @@ class RuntimeServer(ThreadingHTTPServer):
         return out
 
     # -- used by the handler
-    def _admit(self, make_request) -> tuple[RuntimeRequest, RecordedRequest, _Plan]:
+    def admit(
+        self, make_request: Callable[[int], RuntimeRequest]
+    ) -> tuple[RuntimeRequest, RecordedRequest, FaultPlan]:
+        """Number a request as it arrives (``make_request(index)`` builds it), draw its faults, record it."""
         with self._lock:
             index = next(self._counter)
-            plan = _plan(self.faults, index, self._rng)
+            plan = plan_faults(self.faults, index, self._rng)
             request = make_request(index)
             record = self._log.admit(request)
             self._pending += 1
         return request, record, plan
 
-    def _finish(self, record: RecordedRequest, outcome: str, status: int | None, error_code: str | None = None) -> None:
+    def record_outcome(self, record: RecordedRequest, outcome: str, status: int | None,
+                       error_code: str | None = None) -> None:
+        """The request is answered: its outcome is final (:meth:`wait_until_idle` counts it done)."""
         with self._lock:
             record.outcome = outcome
             record.status = status

@@ -97,7 +97,7 @@ from prefix_routing.frontdoor.limiter import Admission, DynamoLimitStore, Limite
 from prefix_routing.frontdoor.prepare import Prepared, prepare
 from prefix_routing.frontdoor.record import RequestRecord, Telemetry, emf_document, log_record
 from prefix_routing.frontdoor.replicas import Replicas
-from prefix_routing.frontdoor.steering import DynamoSteeringStore, Steering
+from prefix_routing.frontdoor.steering_store import DynamoSteeringStore, Steering
 from prefix_routing.frontdoor.request import FrontRequest, RequestError, request_from_event, request_from_http
 from prefix_routing.frontdoor.stream import StreamReader
 from prefix_routing.frontdoor.tenancy import identify_tenant, principal_tenant

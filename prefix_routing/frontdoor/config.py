@@ -18,10 +18,6 @@ SHARED_TENANT: Final = "shared"
 TENANCY_MODES: Final = ("iam", "header", "none")
 
 JSON_HEADERS: Final = {"content-type": "application/json"}
-_MAX_HEADER_VALUE: Final = 128
-_TENANT_CHARS: Final = frozenset(chr(c) for c in range(0x21, 0x7F))  # printable ASCII, no space
-_APPLICATION_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-/")
-_STATUS_CLIENT_CLOSED: Final = 499  # nginx's convention: the caller went away mid-answer
 
 
 # --------------------------------------------------------------------------------------------------

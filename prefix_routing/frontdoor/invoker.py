@@ -7,18 +7,20 @@ import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
-from prefix_routing.frontdoor.config import _STATUS_CLIENT_CLOSED, JSON_HEADERS, InvokeConfig
+from prefix_routing.frontdoor.config import JSON_HEADERS, InvokeConfig
 from prefix_routing.frontdoor.limiter import Admission, Limiter, admit_request
-from prefix_routing.frontdoor.prepare import prepare
+from prefix_routing.frontdoor.prepare import Prepared, prepare
 from prefix_routing.frontdoor.record import RequestRecord, Telemetry
 from prefix_routing.frontdoor.replicas import Replicas
 from prefix_routing.frontdoor.request import FrontRequest, RequestError
 from prefix_routing.frontdoor.stream import StreamReader
-from prefix_routing.frontdoor.upstream import Upstream, _close_body, _jitter, _Opened
-from prefix_routing.frontdoor.upstream_errors import MODEL_REJECTED, UpstreamError, _one_line, classify_error
+from prefix_routing.frontdoor.upstream import Opened, Upstream, close_body, random_jitter
+from prefix_routing.frontdoor.upstream_errors import MODEL_REJECTED, UpstreamError, classify_error, one_line
 from prefix_routing.rules.sampling import sample_bucket
+
+_STATUS_CLIENT_CLOSED: Final = 499  # nginx's convention: the caller went away mid-answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,12 +79,24 @@ class _State:
     __slots__ = ("opened", "reader", "head_sent", "concluded", "admission", "limit_headers")
 
     def __init__(self) -> None:
-        self.opened: _Opened | None = None
+        self.opened: Opened | None = None
         self.reader: StreamReader | None = None
         self.head_sent = False
         self.concluded = False
         self.admission: Admission | None = None  # what the request holds under the tenant's limits
         self.limit_headers: dict[str, str] = {}
+
+    def free(self, limiter: Limiter | None, tokens_used: int | None) -> None:
+        """Give the tenant's stream back (and book the engine's token count), once."""
+        if limiter is not None and self.admission is not None:
+            limiter.finish(self.admission, tokens_used)
+            self.admission = None
+
+    def free_if_complete(self, limiter: Limiter | None, reader: StreamReader) -> None:
+        """Free the stream when its end marker has arrived, before it is handed on: a client that
+        sends its next request as soon as it reads the end must find its slot free."""
+        if self.admission is not None and reader.complete:
+            self.free(limiter, _tokens_used(reader.prompt_tokens, reader.completion_tokens))
 
 
 #: Whose fault a failed call was, by its kind (else the endpoint's): a container's own 4xx is the caller's.
@@ -96,6 +110,71 @@ def _tokens_used(prompt: int | None, completion: int | None) -> int | None:
 
 def _since_ms(start: float, now: float) -> float:
     return (now - start) * 1000.0
+
+
+def _deadline(request: FrontRequest, config: InvokeConfig) -> float:
+    """When the answer must be over: the front door's limit from arrival, or the caller's deadline if sooner."""
+    deadline = request.arrival + config.request_timeout_s
+    if request.deadline is not None:
+        deadline = min(deadline, request.deadline)
+    return deadline
+
+
+def _book_prepared(record: RequestRecord, prepared: Prepared) -> None:
+    """What the request is, on its record: who sent it, its routing identity and its canonical body."""
+    record.tenant, record.application = prepared.tenant, prepared.application
+    record.domain, record.component = prepared.domain, prepared.component
+    record.routing_id = prepared.identity.prefix_aware_id
+    record.body_kind = prepared.normalized.kind
+    record.fingerprint = prepared.normalized.prefix_fingerprint
+    record.sample_bucket = sample_bucket(prepared.identity.prefix_aware_id, record.fingerprint)
+    record.rekeyed = prepared.rekeyed
+    record.block_hashes = prepared.normalized.block_hashes
+    record.body_bytes = len(prepared.normalized.body)
+    record.normalize_ms = prepared.normalize_ms
+
+
+def _answer_headers(opened: Opened, prepared: Prepared, limit_headers: dict[str, str]) -> dict[str, str]:
+    """The headers of a streamed answer's 200 head: its content type, its routing key, the tenant's limits."""
+    return {
+        "content-type": opened.content_type,
+        "cache-control": "no-cache",
+        "x-prefix-aware-id": prepared.identity.prefix_aware_id,
+        "x-prefix-fingerprint": prepared.normalized.prefix_fingerprint,
+        **limit_headers,
+    }
+
+
+def _stream_failure(reader: StreamReader, failure: UpstreamError | None) -> tuple[UpstreamError | None, bool]:
+    """How an answer that got its 200 head ended: its failure (None: complete), and whether the model's own
+    error event already told the caller."""
+    if failure is None and reader.error is not None:
+        detail = reader.error.get("message") if isinstance(reader.error, Mapping) else reader.error
+        return UpstreamError(502, "model_stream_error",
+                             f"the model reported an error mid-stream: {one_line(detail, 200)}"), True
+    if failure is None and not reader.complete:
+        failure = UpstreamError(502, "truncated", "the model's answer ended before its final chunk "
+                                "(truncated): do not use it as complete")
+    return failure, False
+
+
+def _buffered(items: Iterator[Head | bytes | Outcome]) -> Buffered:
+    """The whole answer of an exchange's items, as :meth:`Invoker.buffered` returns it."""
+    head: Head | None = None
+    for item in items:
+        if isinstance(item, Head):
+            head = item
+        elif isinstance(item, Outcome):
+            headers = dict(head.headers) if head is not None else {}
+            headers["content-type"] = "application/json"
+            if item.error is None:
+                body = item.reader.answer() if item.reader is not None else {}
+                return Buffered(200, headers, body)
+            body = {"error": item.error}
+            if item.reader is not None and item.reader.total_bytes:
+                body["partial"] = item.reader.answer()
+            return Buffered(item.status, headers, body)
+    raise RuntimeError("the exchange ended without an outcome")  # pragma: no cover
 
 
 class Invoker:
@@ -125,7 +204,7 @@ class Invoker:
         self.key = key
         self.telemetry = telemetry_sink or Telemetry(config, emit)
         self.clock = time.monotonic  # FrontRequest.arrival and deadlines are on this clock
-        self.upstream = Upstream(client, config, sleep=sleep, jitter=jitter or _jitter, clock=self.clock)
+        self.upstream = Upstream(client, config, sleep=sleep, jitter=jitter or random_jitter, clock=self.clock)
         enabled = config.replication.enabled
         self.replicas = (replicas or Replicas(config, copies=self.telemetry.copies)) if enabled else None
         # Without replication the same rule still counts prefixes, only to log hot ones as in every
@@ -134,13 +213,6 @@ class Invoker:
         if config.limits.enabled and limiter is None:
             raise ValueError("the configuration sets per-tenant limits: give the invoker a limiter (frontdoor.Limiter)")
         self.limiter = limiter if config.limits.enabled else None
-
-    # -- helpers
-    def _deadline(self, request: FrontRequest) -> float:
-        deadline = request.arrival + self.config.request_timeout_s
-        if request.deadline is not None:
-            deadline = min(deadline, request.deadline)
-        return deadline
 
     # -- the streaming interface
     def stream(self, request: FrontRequest, *, collect: bool = False) -> Iterator[Head | bytes | Outcome]:
@@ -188,12 +260,12 @@ class Invoker:
             return
         state.concluded = True
         if state.opened is not None:
-            _close_body(state.opened.response)
+            close_body(state.opened.response)
         record.wall_ms = _since_ms(request.arrival, self.clock())
         if self.limiter is not None:
             # Before the answer's end reaches the adapter: in Lambda nothing after it is sure to run
             # before the environment is frozen (a lease left would hold the slot until it expires).
-            self._free_stream(state, _tokens_used(record.prompt_tokens, record.output_tokens))
+            state.free(self.limiter, _tokens_used(record.prompt_tokens, record.output_tokens))
         if record.status is None:
             record.status = 500
         if self.replicas is not None:
@@ -202,18 +274,6 @@ class Invoker:
             self.replicas.answered(record)
             record.hot_prefixes = self.replicas.hot()
         self.telemetry.publish(record)
-
-    def _free_stream(self, state: _State, tokens_used: int | None) -> None:
-        """Give the tenant's stream back (and book the engine's token count), once."""
-        if self.limiter is not None and state.admission is not None:
-            self.limiter.finish(state.admission, tokens_used)
-            state.admission = None
-
-    def _free_if_complete(self, state: _State, reader: StreamReader) -> None:
-        """Free the stream when its end marker has arrived, before it is handed on: a client that
-        sends its next request as soon as it reads the end must find its slot free."""
-        if state.admission is not None and reader.complete:
-            self._free_stream(state, _tokens_used(reader.prompt_tokens, reader.completion_tokens))
 
     def _exchange(self, request: FrontRequest, record: RequestRecord, state: _State,
                   collect: bool) -> Iterator[Head | bytes | Outcome]:
@@ -225,22 +285,13 @@ class Invoker:
             yield from self._answer_error(request, record, state, error.status, error.code, error.body(),
                                           {"allow": "POST"} if error.status == 405 else {})
             return
-        record.tenant, record.application = prepared.tenant, prepared.application
-        record.domain, record.component = prepared.domain, prepared.component
-        record.routing_id = prepared.identity.prefix_aware_id
-        record.body_kind = prepared.normalized.kind
-        record.fingerprint = prepared.normalized.prefix_fingerprint
-        record.sample_bucket = sample_bucket(prepared.identity.prefix_aware_id, record.fingerprint)
-        record.rekeyed = prepared.rekeyed
-        record.block_hashes = prepared.normalized.block_hashes
-        record.body_bytes = len(prepared.normalized.body)
-        record.normalize_ms = prepared.normalize_ms
+        _book_prepared(record, prepared)
         if self.limiter is not None:
             refusal = admit_request(self.limiter, prepared.tenant, prepared.normalized.body, record, state)
             if refusal is not None:
                 yield from self._answer_error(request, record, state, *refusal)
                 return
-        deadline = self._deadline(request)
+        deadline = _deadline(request, self.config)
         prefix_aware_id = prepared.identity.prefix_aware_id
         if self.replicas is not None:  # replication: replica j of a hot prefix goes out as <id>-r<j>
             prefix_aware_id = self.replicas.route(prefix_aware_id, record)
@@ -258,20 +309,14 @@ class Invoker:
             return
         record.upstream_ttft_ms = _since_ms(opened.started, opened.first_at)
         reader = state.reader = StreamReader(expects_usage=prepared.expects_usage, collect=collect)
-        headers = {
-            "content-type": opened.content_type,
-            "cache-control": "no-cache",
-            "x-prefix-aware-id": prepared.identity.prefix_aware_id,
-            "x-prefix-fingerprint": prepared.normalized.prefix_fingerprint,
-            **state.limit_headers,
-        }
         record.status = 200
         state.head_sent = True
-        yield Head(200, _with_request_id(headers, request))
+        yield Head(200, _with_request_id(_answer_headers(opened, prepared, state.limit_headers), request))
         failure: UpstreamError | None = None
         last = opened.first[-2:]
+        limiter = self.limiter
         reader.feed(opened.first)
-        self._free_if_complete(state, reader)
+        state.free_if_complete(limiter, reader)
         yield opened.first
         delivered = self.clock()  # the head and the first bytes are in the client's socket
         record.ttft_ms = _since_ms(request.arrival, delivered)
@@ -279,7 +324,7 @@ class Invoker:
             for chunk in opened.events:
                 reader.feed(chunk)
                 last = (last + chunk)[-2:]
-                self._free_if_complete(state, reader)
+                state.free_if_complete(limiter, reader)
                 yield chunk
                 delivered = self.clock()
                 if delivered > deadline:
@@ -292,15 +337,7 @@ class Invoker:
         reader.finish()
         record.prompt_tokens, record.cached_tokens = reader.prompt_tokens, reader.cached_tokens
         record.output_tokens = reader.completion_tokens
-        reported_by_model = False
-        if failure is None and reader.error is not None:
-            detail = reader.error.get("message") if isinstance(reader.error, Mapping) else reader.error
-            failure = UpstreamError(502, "model_stream_error",
-                                    f"the model reported an error mid-stream: {_one_line(detail, 200)}")
-            reported_by_model = True  # the caller already has the model's own error event
-        if failure is None and not reader.complete:
-            failure = UpstreamError(502, "truncated", "the model's answer ended before its final chunk "
-                                    "(truncated): do not use it as complete")
+        failure, reported_by_model = _stream_failure(reader, failure)
         if failure is not None:
             # An exception of ours mid-stream (classified "internal") is not the endpoint's failure.
             origin = "internal" if failure.kind == "internal" else "upstream"
@@ -331,21 +368,7 @@ class Invoker:
         assembled (``choices[].text``, ``finish_reason``, ``usage``). Failure: ``{"error": {...}}``,
         plus ``partial`` (what arrived) if the stream failed after it began.
         """
-        head: Head | None = None
-        for item in self.stream(request, collect=True):
-            if isinstance(item, Head):
-                head = item
-            elif isinstance(item, Outcome):
-                headers = dict(head.headers) if head is not None else {}
-                headers["content-type"] = "application/json"
-                if item.error is None:
-                    body = item.reader.answer() if item.reader is not None else {}
-                    return Buffered(200, headers, body)
-                body = {"error": item.error}
-                if item.reader is not None and item.reader.total_bytes:
-                    body["partial"] = item.reader.answer()
-                return Buffered(item.status, headers, body)
-        raise RuntimeError("the exchange ended without an outcome")  # pragma: no cover
+        return _buffered(self.stream(request, collect=True))
 
 
 def decode_direct_payload(payload: bytes) -> dict[str, Any]:

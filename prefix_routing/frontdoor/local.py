@@ -31,7 +31,7 @@ from prefix_routing.frontdoor.invoker import Invoker
 from prefix_routing.frontdoor.limiter import KEY, DynamoLimitStore, Limiter
 from prefix_routing.frontdoor.record import Telemetry
 from prefix_routing.frontdoor.replicas import Replicas
-from prefix_routing.frontdoor.steering import ANSWER_TIMEOUT_MS, SEND_TIMEOUT_MS, DynamoSteeringStore, Steering
+from prefix_routing.frontdoor.steering_store import ANSWER_TIMEOUT_MS, SEND_TIMEOUT_MS, DynamoSteeringStore, Steering
 from prefix_routing.rules.limits import RELEASE_TIMEOUT_MS
 from prefix_routing.frontdoor.webapp import (
     LAMBDA_CONTEXT_HEADER,

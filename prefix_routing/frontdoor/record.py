@@ -83,7 +83,7 @@ class RequestRecord:
     steering_ms: float | None = None
     steering_store_error: bool = False
     replica_collision: bool | None = None
-    steer_ticket: Any = None  # what the answer gives back (frontdoor.steering.Ticket); never logged
+    steer_ticket: Any = None  # what the answer gives back (frontdoor.steering_store.Ticket); never logged
     limits_enabled: bool = False  # some tenant has a limit: the EMF document and log line carry the limit fields
     limit_rule: str | None = None
     throttled_by: str | None = None

@@ -7,7 +7,7 @@ body, and answers (j, k); the request goes out with ``PrefixAwareId = replica_id
 tracker lives as long as the invoker, that is the execution environment (the handler builds one
 invoker per environment); each environment estimates shares from the requests it serves.
 
-With ``replication.steering`` and a :class:`~prefix_routing.frontdoor.steering.Steering` (the
+With ``replication.steering`` and a :class:`~prefix_routing.frontdoor.steering_store.Steering` (the
 stage's table), a prefix this tracker calls hot (k > 1), or whose state this environment has written
 before, is steered instead: its state in the shared store says which replica has the fewest requests
 in flight (:meth:`HotPrefixState.choose`), and the answer's end gives the count back and may reveal a
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from prefix_routing.frontdoor.config import InvokeConfig
 from prefix_routing.frontdoor.copies import CopyCounts
 from prefix_routing.frontdoor.record import RequestRecord
-from prefix_routing.frontdoor.steering import Steering, item_key
+from prefix_routing.frontdoor.steering_store import Steering, item_key
 from prefix_routing.rules.replication import HotPrefixes, replica_id
 from prefix_routing.rules.steering import key_tokens
 from prefix_routing.rules.telemetry import STEERING_FALLBACK, STEERING_LEAST_LOADED, STEERING_TURNS

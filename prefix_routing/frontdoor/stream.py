@@ -220,15 +220,21 @@ class StreamReader:
         """The collected answer: the document itself for a one-document answer, else the text per choice."""
         if self.format == "json" and isinstance(self.document, dict):
             return self.document
-        indexes = sorted(set(self._texts) | set(self._finish)) or [0]
-        out: dict[str, Any] = {"object": "prefix_routing.completion"}
-        if self._id is not None:
-            out["id"] = self._id
-        if self._model is not None:
-            out["model"] = self._model
-        out["choices"] = [
-            {"index": i, "text": "".join(self._texts.get(i, ())), "finish_reason": self._finish.get(i)}
-            for i in indexes
-        ]
-        out["usage"] = self.usage
-        return out
+        return _assembled(self._id, self._model, self._texts, self._finish, self.usage)
+
+
+def _assembled(answer_id: Any, model: Any, texts: dict[int, list[str]], finish: dict[int, Any],
+               usage: dict[str, Any] | None) -> dict[str, Any]:
+    """A streamed answer as one object: its id and model when it named them, the text and finish reason
+    of each choice, its usage."""
+    indexes = sorted(set(texts) | set(finish)) or [0]
+    out: dict[str, Any] = {"object": "prefix_routing.completion"}
+    if answer_id is not None:
+        out["id"] = answer_id
+    if model is not None:
+        out["model"] = model
+    out["choices"] = [
+        {"index": i, "text": "".join(texts.get(i, ())), "finish_reason": finish.get(i)} for i in indexes
+    ]
+    out["usage"] = usage
+    return out

@@ -6,13 +6,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
-from prefix_routing.frontdoor.config import (
-    _APPLICATION_CHARS,
-    _MAX_HEADER_VALUE,
-    _TENANT_CHARS,
-    SHARED_TENANT,
-    InvokeConfig,
-)
+from prefix_routing.frontdoor.config import SHARED_TENANT, InvokeConfig
 from prefix_routing.frontdoor.request import FrontRequest, RequestError
 
 
@@ -66,6 +60,9 @@ def _checked_name(value: Any, what: str, allowed_chars: frozenset, limit: int, a
 
 #: The error code of a direct invocation refused under the ``iam`` or ``header`` tenancy.
 DIRECT_INVOCATION_REFUSED: Final = "direct_invocation_refused"
+_MAX_HEADER_VALUE: Final = 128
+_TENANT_CHARS: Final = frozenset(chr(c) for c in range(0x21, 0x7F))  # printable ASCII, no space
+_APPLICATION_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-/")
 _TENANT_ALLOWED: Final = "1-128 printable ASCII characters without spaces"
 _APPLICATION_ALLOWED: Final = "1-64 characters among letters, digits and . _ : - /"
 

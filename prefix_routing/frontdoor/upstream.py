@@ -12,7 +12,10 @@ from prefix_routing.frontdoor.record import RequestRecord
 from prefix_routing.frontdoor.upstream_errors import UpstreamError, classify_error
 
 
-class _Opened:
+class Opened:
+    """An answer under way: the response, its payload chunks after the first, the first, when the call
+    started and when the first chunk came, and the content type."""
+
     __slots__ = ("response", "events", "first", "started", "first_at", "content_type")
 
     def __init__(self, response, events, first, started, first_at, content_type):
@@ -24,7 +27,7 @@ class _Opened:
         self.content_type = content_type
 
 
-def _close_body(response: Any) -> None:
+def close_body(response: Any) -> None:
     body = response.get("Body") if isinstance(response, Mapping) else None
     close = getattr(body, "close", None)
     if callable(close):
@@ -34,7 +37,7 @@ def _close_body(response: Any) -> None:
             pass
 
 
-def _jitter() -> float:
+def random_jitter() -> float:
     return int.from_bytes(os.urandom(4), "big") / 2**32  # no need to import random for this
 
 
@@ -80,7 +83,7 @@ class Upstream:
         return params
 
     def open(self, prepared: Prepared, record: RequestRecord, deadline: float,
-             prefix_aware_id: str | None = None) -> _Opened:
+             prefix_aware_id: str | None = None) -> Opened:
         """Call the endpoint until the first payload part arrives; retries what is retryable."""
         params = self.params(prepared, prefix_aware_id)
         attempt = 0
@@ -96,10 +99,10 @@ class Upstream:
                 if first is None:
                     raise UpstreamError(502, "truncated", "the model's stream ended before any output")
                 content_type = response.get("ContentType") or "application/octet-stream"
-                return _Opened(response, events, first, started, self.clock(), content_type)
+                return Opened(response, events, first, started, self.clock(), content_type)
             except Exception as exc:  # noqa: BLE001 - classified below
                 if response is not None:
-                    _close_body(response)
+                    close_body(response)
                 error = classify_error(exc)
                 if error.kind == "internal":
                     raise error from exc

@@ -55,16 +55,16 @@ def _engine_message(original: Any) -> str | None:
     try:
         data = json.loads(original)
     except ValueError:
-        return _one_line(original)
+        return one_line(original)
     if isinstance(data, Mapping):
         inner = data.get("error")
         for candidate in (data.get("message"), inner.get("message") if isinstance(inner, Mapping) else inner):
             if isinstance(candidate, str) and candidate:
-                return _one_line(candidate)
-    return _one_line(original)
+                return one_line(candidate)
+    return one_line(original)
 
 
-def _one_line(text: Any, limit: int = 300) -> str:
+def one_line(text: Any, limit: int = 300) -> str:
     text = str(text).replace("\r", " ").replace("\n", " ")
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
@@ -87,7 +87,7 @@ def classify_error(exc: BaseException) -> UpstreamError:
     if "ClientError" in names and isinstance(response, Mapping):
         error = response.get("Error") or {}
         code = str(error.get("Code") or "Unknown")
-        message = _one_line(error.get("Message") or code)
+        message = one_line(error.get("Message") or code)
         http = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
         if code in _THROTTLING_CODES:
             return UpstreamError(429, "throttled", f"the endpoint is throttling requests: {message}",

@@ -13,7 +13,7 @@
 Progress bars (tqdm, stderr) appear only for runs that last more than two seconds.
 
 The modules: trace readers (:mod:`.traces`, their result :mod:`.trace_data` and the bounds on
-what they accept, :mod:`.limits`), request bodies (:mod:`.bodies`), workloads (:mod:`.workloads`);
+what they accept, :mod:`.input_bounds`), request bodies (:mod:`.bodies`), workloads (:mod:`.workloads`);
 whether a modelled fleet keeps up (:mod:`.overload`); the fleet model (:mod:`.fleet`, with
 :mod:`.routing`, :mod:`.fleet_config`, :mod:`.latency`, :mod:`.engine_model`, :mod:`.fleet_stats`), pure
 computation without I/O; the passes over it (:mod:`.analyze`, :mod:`.simulate`, :mod:`.tune`) and :mod:`.plots`. The lab imports
@@ -21,7 +21,7 @@ computation without I/O; the passes over it (:mod:`.analyze`, :mod:`.simulate`, 
 """
 
 from prefix_routing.lab.analyze import analyze, key_groups
-from prefix_routing.lab.common import CANDIDATE_PREFIX_LENGTHS, CANDIDATE_THRESHOLDS, REUSE_CRITERION
+from prefix_routing.lab.grids import CANDIDATE_PREFIX_LENGTHS, CANDIDATE_THRESHOLDS, REUSE_CRITERION
 from prefix_routing.lab.fleet import Fleet, Placement, Request
 from prefix_routing.lab.fleet_config import FleetConfig
 from prefix_routing.lab.fleet_stats import CopyStats
@@ -34,7 +34,8 @@ from prefix_routing.lab.routing import (
     key_blocks,
     routing_key,
 )
-from prefix_routing.lab.simulate import SimResult, Simulator, config_for_trace, simulate, simulate_many, trace_keys
+from prefix_routing.lab.simulate import SimResult, Simulator, config_for_trace, simulate, simulate_many
+from prefix_routing.lab.trace_keys import trace_keys
 from prefix_routing.lab.traces import Trace, load_trace
 from prefix_routing.lab.tune import config_snippet, tune
 from prefix_routing.lab.workloads import WORKLOADS, LongContextSpec, long_context_workload

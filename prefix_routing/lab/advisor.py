@@ -17,7 +17,7 @@ from typing import Sequence
 
 from prefix_routing.lab import sampling
 from prefix_routing.lab.analyze import analyze
-from prefix_routing.lab.common import CANDIDATE_PREFIX_LENGTHS, CANDIDATE_THRESHOLDS
+from prefix_routing.lab.grids import CANDIDATE_PREFIX_LENGTHS, CANDIDATE_THRESHOLDS
 from prefix_routing.lab.fleet_config import FleetConfig
 from prefix_routing.lab.overload import overload_text
 from prefix_routing.lab.routing import Strategy

@@ -6,12 +6,8 @@ import math
 from collections import Counter
 from typing import Iterable
 
-from prefix_routing.lab.common import (
-    CANDIDATE_PREFIX_LENGTHS,
-    KEY_GROUP_BLOCKS,
-    SPREAD_SHARE,
-    _distribution,
-)
+from prefix_routing.lab.grids import CANDIDATE_PREFIX_LENGTHS, KEY_GROUP_BLOCKS, SPREAD_SHARE
+from prefix_routing.lab.percentiles import distribution
 from prefix_routing.lab.routing import PREFIX_LENGTH_RANGE, key_blocks, routing_key
 from prefix_routing.lab.traces import Trace
 from prefix_routing.rules.errors import UserError
@@ -90,8 +86,8 @@ def analyze(
         "requests": n,
         "duration_s": duration,
         "rate_rps": n / duration if duration > 0 else None,
-        "prompt_tokens": _distribution(trace.prompt_tokens),
-        "output_tokens": _distribution(trace.output_tokens),
+        "prompt_tokens": distribution(trace.prompt_tokens),
+        "output_tokens": distribution(trace.output_tokens),
         "block_tokens": bt,
         "block_bytes": trace.block_bytes,
         "bytes_per_token": bytes_per_token,
@@ -100,7 +96,7 @@ def analyze(
         "reuse_beyond_first_block": beyond_first / n,
         "hit_rate_bound": blocks_hit / blocks_total if blocks_total else 0.0,
         "hit_rate_bound_tokens": tokens_hit / tokens_total if tokens_total else 0.0,
-        "shared_prefix_tokens": _distribution(shared_tokens),
+        "shared_prefix_tokens": distribution(shared_tokens),
         "key_groups": groups,
         "prefix_length_groups": by_length,
         "skipped": trace.skipped.as_dict(),

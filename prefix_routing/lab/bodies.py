@@ -37,7 +37,7 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from prefix_routing.lab.limits import MAX_PROMPT_TOKENS
+from prefix_routing.lab.input_bounds import MAX_PROMPT_TOKENS
 
 __all__ = [
     "BLOCK_TOKENS",
@@ -162,7 +162,7 @@ def _block_sizes(n_ids: int, input_length: int | None, block_tokens: int, bytes_
     full = int(round(block_tokens * bytes_per_token))
     if (input_length if isinstance(input_length, int) else n_ids * block_tokens) > MAX_PROMPT_TOKENS:
         raise ValueError(f"a prompt of {input_length if isinstance(input_length, int) else n_ids * block_tokens:,} "
-                         f"tokens: at most {MAX_PROMPT_TOKENS:,} (prefix_routing.lab.limits)")
+                         f"tokens: at most {MAX_PROMPT_TOKENS:,} (prefix_routing.lab.input_bounds)")
     if n_ids == 0:
         if input_length:
             raise ValueError(f"input_length={input_length} but no hash_ids")

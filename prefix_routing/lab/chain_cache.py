@@ -11,7 +11,7 @@ recent first from its deepest block, all older than the next run's. A request on
 - appends itself as the newest run, and evicts from the oldest run's deep end,
 
 so its cost grows with the runs it meets (one or two), not with its blocks, as an ``OrderedDict``
-LRU's does (``fleet._touch``). It holds exactly what that ``OrderedDict`` holds, in the same order:
+LRU's does (``copy_caches.touch``). It holds exactly what that ``OrderedDict`` holds, in the same order:
 tests/prefix_routing/lab/test_chain_cache.py runs both on the same requests. Ids that are not
 chained break the property, so the simulator uses it only for traces that pass :func:`chained`.
 """

@@ -8,10 +8,11 @@ budget, first come first served, then runs their prefills one after another (see
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from heapq import heappop, heappush
 
 from prefix_routing.lab.latency import LatencyModel
+from prefix_routing.rules.errors import UserError
 
 
 class EngineModel:
@@ -50,6 +51,13 @@ class EngineModel:
         if len(slots) >= self.latency.max_num_seqs and slots[0][0] > ready:
             ready = slots[0][0]
         return ready
+
+    def slow_down(self, copies: Iterable[int], factor: float) -> None:
+        """Make each of ``copies`` ``factor`` times slower (fault injection)."""
+        if not factor > 0:
+            raise UserError(f"slowdown factor {factor}: must be > 0")
+        for g in copies:
+            self.slow[g] = float(factor)
 
     def schedule(self, g: int, prompt: int, cached: float, output: int,
                  now: float) -> tuple[float, float, float, float] | None:

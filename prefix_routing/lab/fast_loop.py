@@ -1,8 +1,8 @@
 """The simulator's loop for the common fleet, with the fleet's hot path inlined.
 
 ``Fleet._place`` is the reference: routing (``Router.choose``), the cache lookup, the engine's
-schedule (``EngineModel.schedule``), the misses ledger's common cases and the LRU touch
-(``fleet._touch``). The calls and attribute look-ups between those pieces cost about a tenth of a
+schedule (``EngineModel.schedule``), the misses ledger's common cases (``MissLedger.record``) and the LRU touch
+(``copy_caches.touch``). The calls and attribute look-ups between those pieces cost about a tenth of a
 simulated request (the caches' ``OrderedDict`` work is half of it, see docs/lab.md), so for a fleet
 that needs none of the rarer features (autoscaling, hot-prefix replication, llama.cpp slots,
 KV_AWARE, a single copy) this loop does the same work, in the same order and with the same
@@ -16,9 +16,10 @@ from functools import partial
 from heapq import heappop, heappush
 from itertools import repeat as _repeat, takewhile as _takewhile
 
-from prefix_routing.lab.fleet import _NONES, Fleet, _consume, _touch
+from prefix_routing.lab.copy_caches import NONES, consume, touch
+from prefix_routing.lab.fleet import Fleet
 from prefix_routing.lab.misses import ClientKey
-from prefix_routing.lab.routing import _GOLDEN, _KV_AWARE, _MASK, _PREFIX_AWARE, spill_copy
+from prefix_routing.lab.routing import GOLDEN, KV_AWARE, MASK, PREFIX_AWARE, spill_copy
 
 _INF = float("inf")
 
@@ -26,7 +27,7 @@ _INF = float("inf")
 def eligible(fleet: Fleet) -> bool:
     """Whether ``run`` models this fleet exactly as ``Fleet._place`` does."""
     return (fleet.pool is None and fleet._slots is None and fleet._hot is None and fleet.n > 1
-            and fleet._strategy is not _KV_AWARE and fleet.router.active is None)
+            and fleet._strategy is not KV_AWARE and fleet.router.active is None)
 
 
 def run(fleet: Fleet, lo: int, hi: int, inv: float, keys, arrivals, prompts, outputs, blocks,
@@ -36,18 +37,18 @@ def run(fleet: Fleet, lo: int, hi: int, inv: float, keys, arrivals, prompts, out
     n = fleet.n
     out, done, caches = fleet._out, fleet._done, fleet._caches
     router = fleet.router
-    prefix_aware = fleet._strategy is _PREFIX_AWARE
+    prefix_aware = fleet._strategy is PREFIX_AWARE
     choose, seed_mix, home_of = router.choose, router._seed_mix, router.home
     threshold, copies = router.threshold, router.copies_per_instance
     requests_, prompt_, cached_, spills_in, timeouts_ = (fleet._requests, fleet._prompt, fleet._cached,
                                                          fleet._spills_in, fleet._timeouts)
     bt, eb, infinite, cap = fleet._bt, fleet._eb, fleet._infinite, fleet._cap_blocks
-    chain = fleet._chained  # the caches are ChainLRUs (ids known to be chained), not OrderedDicts
+    chain = fleet.caches.chained  # the caches are ChainLRUs (ids known to be chained), not OrderedDicts
     misses = fleet.misses  # None: causes not asked for
     if misses is not None:
         seen, older, limit = misses.seen, misses.older, misses.limit
-        book, held_elsewhere, chained_held_elsewhere = (misses.book, fleet._held_elsewhere,
-                                                        fleet._chained_held_elsewhere)
+        book, held_elsewhere, chained_held_elsewhere = (misses.book, fleet.caches.held_elsewhere,
+                                                        fleet.caches.chained_held_elsewhere)
     timeout = fleet._timeout
     engines = fleet.engines
     eslots, run_tokens, last_start, prefill_free, slow = (engines.slots, engines.run_tokens, engines.last_start,
@@ -64,7 +65,7 @@ def run(fleet: Fleet, lo: int, hi: int, inv: float, keys, arrivals, prompts, out
         # Routing: Router.choose (PREFIX_AWARE's home and ConcurrencyThreshold spill inline).
         if prefix_aware:
             if key.__class__ is int:
-                g = ((((key ^ seed_mix) * _GOLDEN) & _MASK) >> 16) % n
+                g = ((((key ^ seed_mix) * GOLDEN) & MASK) >> 16) % n
             else:
                 g = home_of(key)
             if out[g] >= threshold:
@@ -170,7 +171,7 @@ def run(fleet: Fleet, lo: int, hi: int, inv: float, keys, arrivals, prompts, out
                     if len(seen) > limit:
                         misses.older, misses.seen = seen, set()
                         seen, older = misses.seen, misses.older
-            # The LRU touch (fleet._touch): the new blocks tail first, then the cached ones.
+            # The LRU touch (copy_caches.touch): the new blocks tail first, then the cached ones.
             if chain:
                 if not placed:
                     cache.place(ids)
@@ -178,22 +179,22 @@ def run(fleet: Fleet, lo: int, hi: int, inv: float, keys, arrivals, prompts, out
                 cache.update(ids)
             else:
                 before = len(cache)
-                _consume(map(cache.__setitem__, reversed(rest), _NONES))
-                if len(cache) - before != len(rest):  # ids not chained: see fleet._touch
-                    _consume(map(cache.move_to_end, reversed(rest)))
+                consume(map(cache.__setitem__, reversed(rest), NONES))
+                if len(cache) - before != len(rest):  # ids not chained: see copy_caches.touch
+                    consume(map(cache.move_to_end, reversed(rest)))
                 if m:
                     try:
-                        _consume(map(cache.move_to_end, reversed(ids[:m])))
+                        consume(map(cache.move_to_end, reversed(ids[:m])))
                     except KeyError:
                         _touch_rest(cache, ids, m)
                 extra = len(cache) - cap
                 if extra > 0:
-                    _consume(map(cache.popitem, _repeat(False, extra)))
+                    consume(map(cache.popitem, _repeat(False, extra)))
         elif chain:
             if not placed:
                 cache.place(ids)
         elif not infinite:
-            _touch(cache, ids, m, False, cap)
+            touch(cache, ids, m, False, cap)
         firsts[i] = first
         cached_out[i] = cached
         where[i] = g
@@ -220,7 +221,7 @@ def _sure_wait(engines, prompts) -> float:
 
 
 def _touch_rest(cache, ids, m: int) -> None:
-    """``fleet._touch``'s fallback for ids that are not chained: the first m touched one by one."""
+    """``copy_caches.touch``'s fallback for ids that are not chained: the first m touched one by one."""
     for b in reversed(ids[:m]):
         if b in cache:
             cache.move_to_end(b)

@@ -110,28 +110,25 @@ from __future__ import annotations
 
 import math
 import random
-from collections import OrderedDict, deque
 from dataclasses import dataclass
-from heapq import heappop, heappush
-from itertools import repeat as _repeat, takewhile as _takewhile
-from typing import Hashable, Sequence
+from heapq import heappush
+from itertools import takewhile as _takewhile
+from typing import Hashable, NamedTuple, Sequence
 
 from prefix_routing.lab.autoscaling import CopyPool
-from prefix_routing.lab.chain_cache import ChainLRU
+from prefix_routing.lab.copy_caches import CopyCaches, touch, whole_blocks_cached
 from prefix_routing.lab.engine_model import EngineModel
 from prefix_routing.lab.fleet_config import FleetConfig
-from prefix_routing.lab.fleet_stats import CopyStats, instance_totals
+from prefix_routing.lab.fleet_stats import CopyCounters, CopyStats, instance_totals
+from prefix_routing.lab.in_flight import InFlight
 from prefix_routing.lab.latency import LatencyModel
 from prefix_routing.lab.misses import ClientKey, MissLedger
-from prefix_routing.lab.routing import _KV_AWARE, ROUTING_OVERHEAD_S, Router, Strategy, routing_key
-from prefix_routing.lab.slot_cache import VLLM_BLOCKS, SlotCache
-from prefix_routing.lab.steering import SteeredReplicas
-from prefix_routing.rules.errors import UserError
+from prefix_routing.lab.routing import KV_AWARE, Router, routing_key
+from prefix_routing.lab.slot_cache import slot_caches
+from prefix_routing.lab.steered_replicas import SteeredReplicas
 from prefix_routing.rules.replication import HotPrefixes, replica_id
 
 _REPLICA = "replica"  # a client-keyed replica's routing key: ClientKey((_REPLICA, j, key))
-_consume = deque(maxlen=0).extend  # runs an iterator to its end in C
-_NONES = _repeat(None)  # endless; map() stops at the shorter iterable
 
 
 def replica_key(key: Hashable, j: int) -> Hashable:
@@ -170,7 +167,6 @@ class Placement:
     spilled: bool  # PREFIX_AWARE: not sent to its key's home copy
     timed_out: bool = False  # no first token within the invocation timeout: the call fails
 
-
     @property
     def ttft_s(self) -> float:
         return self.first_token_s - self.arrival_s
@@ -182,6 +178,21 @@ class Placement:
     @property
     def hit_rate(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+class Placed(NamedTuple):
+    """``Fleet._place``'s decision, a tuple that the simulator's loops index and ``submit`` unpacks."""
+
+    copy: int  # the global index, instance × copies + copy
+    cached_tokens: float
+    first_token_s: float  # math.inf: timed out
+    per_token_s: float
+    finish_s: float
+    spilled: bool
+    start_s: float
+
+
+_placed = tuple.__new__  # _placed(Placed, (...)): a Placed at the cost of a tuple (no keyword handling)
 
 
 class Fleet:
@@ -197,53 +208,36 @@ class Fleet:
         self.router = Router(config.strategy, n, concurrency_threshold=config.concurrency_threshold,
                              copies_per_instance=config.copies, seed=config.seed, rng=self._rng)
         capacity = config.capacity_tokens
-        self._infinite = math.isinf(capacity)
-        self._cap_blocks = 0 if self._infinite else int(capacity * config.cache_scale // config.block_tokens)
-        self._caches: list = [set() if self._infinite else OrderedDict() for _ in range(n)]
-        self._chained = False  # the caches are ChainLRUs (use_chain_caches), not OrderedDicts
-        self._out = [0] * n  # in flight (routing's view)
-        self._done: list = []  # heap of (client finish, copy) for the in-flight counts
-        self._early: dict = {}
-        self._requests = [0] * n
-        self._prompt = [0.0] * n
-        self._cached = [0.0] * n
-        self._spills_in = [0] * n
-        self._timeouts = [0] * n
-        self.spills = 0
-        self.replicated = 0  # requests the front door sent to a replica j > 0 of a hot prefix
-        # Uncached tokens by cause (lab/misses.py); it remembers blocks for ~8 fleets' worth of cache.
-        blocks_cached = math.inf if self._infinite else n * capacity / config.block_tokens
-        # None: not asked (tune's grid and the advisor read no causes): a fifth of a request's time saved.
-        self.misses = MissLedger(int(min(2_000_000, max(200_000, 4 * blocks_cached)))) if explain_misses else None
+        self._slots = slot_caches(config, n, self.latency.max_num_seqs)
+        self.caches = CopyCaches(n, capacity, config.cache_scale, config.block_tokens, self._slots)
+        self.in_flight = InFlight(n)
+        self.counters = CopyCounters(n)
+        self.spills = self.replicated = self.timeouts = self.no_capacity = 0  # replicated: to replicas j > 0
+        # Uncached tokens by cause (lab/misses.py). None: not asked (tune's grid and the advisor read
+        # no causes): a fifth of a request's time saved.
+        self.misses = MissLedger.for_fleet(n, capacity, config.block_tokens) if explain_misses else None
         self.pool = CopyPool(config.autoscaling, n) if config.autoscaling else None
-        self.no_capacity = 0  # requests that found no copy serving (autoscaling)
         self._next_start = math.inf  # when a starting copy begins to serve
         # Hot-prefix replication as the front door does it: replicas steered by load and collisions
-        # (lab/steering.py), or used in turn (``replication.steering`` off).
+        # (lab/steered_replicas.py), or used in turn (``replication.steering`` off).
         self._steered = config.replicating and config.replication.steering
         self._hot = (SteeredReplicas(config.replication) if self._steered else HotPrefixes(config.replication)) \
             if config.replicating else None
-        self.timeouts = 0
         self._timeout = math.inf if config.timeout_s is None else config.timeout_s
-        routing = config.routing_overhead_s
-        if routing is None:
-            routing = ROUTING_OVERHEAD_S if config.strategy in (Strategy.PREFIX_AWARE, Strategy.KV_AWARE) else 0.0
-        self._ttft_overhead = config.request_overhead_s + routing
+        self._ttft_overhead = config.ttft_overhead_s
         self._k = config.key_blocks
-        # Flat copies for the hot path.
-        self._strategy = config.strategy
-        self._choose = self.router.choose
         if config.autoscaling:
             self.router.set_active(list(range(config.autoscaling.start_copies)))
-        self._threshold = config.concurrency_threshold
-        self._bt = config.block_tokens
-        self._eb = config.engine_block
         self.engines = EngineModel(n, self.latency, budget=capacity, overhead_s=self._ttft_overhead,
                                    timeout_s=self._timeout)
-        self._slots = None if config.cache_policy == VLLM_BLOCKS else SlotCache(
-            n, slots=self.latency.max_num_seqs, context_tokens=capacity, block_tokens=config.block_tokens,
-            similarity=config.slot_prompt_similarity, cache_ram_mib=config.cache_ram_mib,
-            bytes_per_token=config.preset.model.kv_bytes_per_token)
+        # Flat copies for the hot path.
+        self._strategy, self._choose = config.strategy, self.router.choose
+        self._bt, self._eb = config.block_tokens, config.engine_block
+        self._caches, self._infinite, self._cap_blocks = self.caches.caches, self.caches.infinite, self.caches.cap_blocks
+        self._out, self._done = self.in_flight.out, self.in_flight.done
+        c = self.counters
+        self._requests, self._prompt, self._cached, self._spills_in, self._timeouts = \
+            c.requests, c.prompt, c.cached, c.spills_in, c.timeouts
 
     # ----------------------------------------------------------------- public API
 
@@ -274,43 +268,16 @@ class Fleet:
 
     def advance(self, now: float) -> int:
         """Retire the requests whose last token is out by ``now``; returns how many."""
-        if self.pool is not None:
-            return self._advance_scaled(now)
-        done, out, retired = self._done, self._out, 0
-        while done and done[0][0] <= now:
-            entry = heappop(done)
-            if self._early and self._early.get(entry):
-                self._early[entry] -= 1
-                continue
-            out[entry[1]] -= 1
-            retired += 1
+        if self.pool is None:
+            return self.in_flight.retire(now)
+        retired = self.in_flight.retire_scaled(now, self.pool, self.caches.clear_copy, self._serving_from)
+        if self._next_start <= now:  # a starting copy began to serve since the last look
+            self._serving_from(now)
         return retired
 
-    def _advance_scaled(self, now: float) -> int:
-        """``advance`` with copy autoscaling: finishes and evaluations in time order."""
-        done, out, pool, retired = self._done, self._out, self.pool, 0
-        while True:
-            finish = done[0][0] if done else math.inf
-            if pool.next_tick <= now and pool.next_tick <= finish:
-                t = pool.next_tick
-                for g in pool.tick(t, out):
-                    self._caches[g].clear()  # a removed copy loses its cache
-                self.router.set_active(pool.serving(t))
-                self._next_start = pool.next_start(t)
-                continue
-            if finish > now:
-                break
-            entry = heappop(done)
-            if self._early and self._early.get(entry):
-                self._early[entry] -= 1
-                continue
-            pool.record(entry[1], entry[0], out[entry[1]])
-            out[entry[1]] -= 1
-            retired += 1
-        if self._next_start <= now:  # a starting copy began to serve since the last look
-            self.router.set_active(pool.serving(now))
-            self._next_start = pool.next_start(now)
-        return retired
+    def _serving_from(self, t: float) -> None:
+        self.router.set_active(self.pool.serving(t))
+        self._next_start = self.pool.next_start(t)
 
     def release(self, placement: Placement, now: float | None = None) -> None:
         """A request ended early (client went away): drop it from the in-flight count now.
@@ -319,87 +286,33 @@ class Fleet:
         ``now``: when, for autoscaling's time-averaged concurrency.
         """
         g = placement.instance * self._copies + placement.copy
-        entry = (placement.finish_s, g)
         if self.pool is not None and now is not None:
             self.pool.record(g, now, self._out[g])
-        self._out[g] -= 1
-        self._early[entry] = self._early.get(entry, 0) + 1
+        self.in_flight.release(g, placement.finish_s)
 
     def set_slowdown(self, instance: int, factor: float) -> None:
         """Make every copy of an instance ``factor`` times slower (fault injection)."""
-        if not factor > 0:
-            raise UserError(f"slowdown factor {factor}: must be > 0")
-        c = self._copies
-        for g in range(instance * c, instance * c + c):
-            self.engines.slow[g] = float(factor)
+        self.engines.slow_down(range(instance * self._copies, (instance + 1) * self._copies), factor)
 
     def steering_summary(self) -> dict:
         """With replica steering: its collisions (a replica's first answer found the prefix already
         cached) and redraws (fresh replica ids drawn for them), as the front door counts them."""
-        if not self._steered:
-            return {}
-        return {"steering": {"replica_collisions": self._hot.collisions, "replica_redraws": self._hot.redraws}}
+        return self._hot.summary() if self._steered else {}
 
     def outstanding(self) -> list[int]:
         return list(self._out)
 
     def copy_stats(self) -> list[CopyStats]:
-        c, slots = self._copies, self._slots
-        return [
-            CopyStats(
-                g // c,
-                g % c,
-                self._out[g],
-                self._requests[g],
-                self._prompt[g],
-                self._cached[g],
-                slots.blocks_held(g) if slots is not None else math.inf if self._infinite else len(self._caches[g]),
-                self._spills_in[g],
-                self._timeouts[g],
-            )
-            for g in range(self.n)
-        ]
+        return self.counters.stats(self._copies, self._out, self.caches.blocks_held)
 
     def instance_totals(self) -> list[dict]:
         """Per instance: requests, prompt tokens, cached tokens, hit rate, in flight."""
         return instance_totals(self.copy_stats(), self.config.instances)
 
-    def use_chain_caches(self) -> bool:
-        """Keep the LRU caches as runs of chained blocks (lab/chain_cache.py): the same contents, at
-        a third of the cost, for ids that are chained (the caller's word). Only while every cache
-        is still empty; False when they are not, or are not LRUs of blocks."""
-        if self._chained:
-            return True
-        if self._infinite or self._slots is not None or any(self._caches):
-            return False
-        self._caches = [ChainLRU(self._cap_blocks) for _ in range(self.n)]
-        self._chained = True
-        return True
-
-    def use_ordered_caches(self) -> None:
-        """Back to ``OrderedDict`` caches (the same contents and order), for ids not known to be chained."""
-        if self._chained:
-            self._caches = [cache.to_ordered() for cache in self._caches]
-            self._chained = False
-
-    def cached_prefix_blocks(self, g: int, blocks: Sequence[Hashable]) -> int:
-        """Leading blocks of ``blocks`` that copy ``g`` holds (no side effects)."""
-        if self._slots is not None:
-            return self._slots.held_prefix_blocks(g, blocks)
-        if self._chained:
-            return self._caches[g].held(blocks)
-        contains = self._caches[g].__contains__
-        m = 0
-        for b in blocks:
-            if not contains(b):
-                break
-            m += 1
-        return m
-
     # ----------------------------------------------------------------- the hot path
 
     def _place(self, key, blocks, prompt, output, now):
-        """Route and schedule; returns (copy, cached, first_token, per_token, finish, spilled, start).
+        """Route and schedule; returns the ``Placed`` decision.
 
         Written for speed (the lab calls it once per simulated request): configuration and
         latency constants are read from flat attributes and the cache work runs in C (``map``).
@@ -413,7 +326,7 @@ class Fleet:
         prefix, j = key, 0  # the request's own key and its replica (0: the key itself)
         if n == 1 and pool is None:
             g = 0
-        elif strategy is _KV_AWARE:
+        elif strategy is KV_AWARE:
             g = self._kv_choose(blocks, prompt, now)
         else:
             hot = self._hot
@@ -426,7 +339,7 @@ class Fleet:
             if g < 0:  # autoscaling: no copy serving; SageMaker fails it (NoCapacityInvocationFailures)
                 pool.no_capacity += 1
                 self.no_capacity += 1
-                return 0, 0, math.inf, 0.0, now, False, now
+                return _placed(Placed, (0, 0, math.inf, 0.0, now, False, now))
             if spilled:
                 self.spills += 1
                 self._spills_in[g] += 1
@@ -456,7 +369,7 @@ class Fleet:
             heappush(self._done, (finish, g))
             if self._steered:
                 self._hot.sent(prefix, j, finish, None, 0.0)
-            return g, 0, math.inf, 0.0, finish, spilled, now
+            return _placed(Placed, (g, 0, math.inf, 0.0, finish, spilled, now))
         start, first, tpot, finish = scheduled
         heappush(self._done, (finish, g))
         if self._steered:  # the answer tells the front door its cached tokens when it ends
@@ -465,54 +378,14 @@ class Fleet:
         self._prompt[g] += prompt
         self._cached[g] += cached
         # Why not cached: judged against the caches as the request found them (lab/misses.py).
-        # The common cases inline (the ledger's book() is the reference): nothing new, or all new.
-        held = m if slots is None else int(cached // self._bt)
-        misses = self.misses
-        if misses is not None:
-            misses.last_block += held_tokens - cached  # held, but not whole blocks short of the last token
-        if held < len(blocks) and misses is not None:
-            rest = blocks[held:] if held else blocks
-            seen, older = misses.seen, misses.older
-            first_block = rest[0]
-            if held_tokens < prompt and (first_block in seen or first_block in older or key.__class__ is ClientKey):
-                misses.book(blocks, g, held, prompt, held_tokens, self._bt, self._held_elsewhere,
-                            key.__class__ is ClientKey)
-            else:  # the uncached part starts with a block never seen: chained ids, so all of it is new
-                misses.first_touch += prompt - held_tokens
-                seen.update(rest)
-                if len(seen) > misses.limit:
-                    misses.older, misses.seen = seen, set()
-
+        if self.misses is not None:
+            self.misses.record(blocks, g, m if slots is None else int(cached // self._bt), prompt, held_tokens,
+                               cached, self._bt, self.caches.held_elsewhere, key.__class__ is ClientKey)
         if slots is None:
-            _touch(cache, blocks, m, self._infinite, self._cap_blocks)
+            touch(cache, blocks, m, self._infinite, self._cap_blocks)
         else:
             slots.occupy(g, finish - self._ttft_overhead)  # the engine releases the slot at its finish
-        return g, cached, first, tpot, finish, spilled, start
-
-    def _held_elsewhere(self, g: int, blocks) -> int:
-        """The most of ``blocks`` that a copy other than ``g`` holds (its cache, or its slots)."""
-        if self._slots is None:
-            # Only copies that hold the first of them are counted: caches keep a chain from its
-            # first block on (the tail is evicted first), so the others hold little or none of it.
-            first, best = blocks[0], 0
-            for h, cache in enumerate(self._caches):
-                if h != g and first in cache:
-                    held = sum(map(cache.__contains__, blocks))
-                    if held > best:
-                        best = held
-            return best
-        return max((self._slots.held_prefix_blocks(h, blocks) for h in range(self.n) if h != g), default=0)
-
-    def _chained_held_elsewhere(self, blocks, m: int, g: int, rest) -> int:
-        """``_held_elsewhere(g, rest)`` for chain caches, ``rest`` being ``blocks[m:]``: a copy holds a
-        leading part of the prompt, so its share of ``rest`` is what it holds past the first m."""
-        best = 0
-        for h, cache in enumerate(self._caches):
-            if h != g:
-                held = cache.held(blocks) - m
-                if held > best:
-                    best = held
-        return best
+        return _placed(Placed, (g, cached, first, tpot, finish, spilled, start))
 
     def _kv_choose(self, blocks, prompt, now):
         """KV_AWARE: the lowest estimated wait + uncached prefill + load penalty (scan from a seeded copy)."""
@@ -521,37 +394,3 @@ class Fleet:
         return self.engines.kv_aware_copy(caches, self._out, blocks, prompt, now, start=start,
                                           block_tokens=self.config.block_tokens,
                                           load_weight_s=self.config.kv_load_weight_s)
-
-
-def whole_blocks_cached(held_tokens: float, prompt_tokens: int, engine_block: int) -> float:
-    """The tokens a vLLM engine serves from its cache when it holds the prompt's first ``held_tokens``:
-    whole blocks of ``engine_block`` tokens, never the prompt's last token (vLLM computes at least
-    one token to sample from): ``floor(min(held, prompt − 1) / block) × block``."""
-    last = prompt_tokens - 1
-    cached = held_tokens if held_tokens < last else last
-    return max(0, cached - cached % engine_block)
-
-
-def _touch(cache, blocks: Sequence[Hashable], m: int, infinite: bool, cap_blocks: int) -> None:
-    """Touch a request's blocks in a copy's cache, tail first (``m`` of them were there); evict the LRU."""
-    if m < len(blocks):
-        if infinite:
-            cache.update(blocks)
-        else:
-            rest = blocks[m:]
-            before = len(cache)
-            _consume(map(cache.__setitem__, reversed(rest), _NONES))
-            if len(cache) - before != len(rest):  # some were held past a missing one (ids not chained)
-                _consume(map(cache.move_to_end, reversed(rest)))
-    if m and not infinite:
-        try:
-            _consume(map(cache.move_to_end, reversed(blocks[:m])))
-        except KeyError:  # ids that are not chained (or repeat): touch one by one
-            for b in reversed(blocks[:m]):
-                if b in cache:
-                    cache.move_to_end(b)
-                else:
-                    cache[b] = None
-    extra = len(cache) - cap_blocks
-    if extra > 0 and not infinite:
-        _consume(map(cache.popitem, _repeat(False, extra)))

@@ -10,6 +10,7 @@ from prefix_routing.lab.routing import (
     DEFAULT_BLOCK_TOKENS,
     DEFAULT_BYTES_PER_TOKEN,
     PREFIX_LENGTH_RANGE,
+    ROUTING_OVERHEAD_S,
     Strategy,
     key_blocks,
 )
@@ -125,6 +126,15 @@ class FleetConfig:
     def engine_block(self) -> int:
         """Tokens per KV block of the copies' engine (vLLM caches whole blocks)."""
         return self.engine_block_tokens or self.preset.engine_block_tokens
+
+    @property
+    def ttft_overhead_s(self) -> float:
+        """What every first token waits beyond the engine: the request overhead, and the routing
+        overhead of PREFIX_AWARE and KV_AWARE (``routing_overhead_s``, when given, for any strategy)."""
+        routing = self.routing_overhead_s
+        if routing is None:
+            routing = ROUTING_OVERHEAD_S if self.strategy in (Strategy.PREFIX_AWARE, Strategy.KV_AWARE) else 0.0
+        return self.request_overhead_s + routing
 
     @property
     def slot_tokens(self) -> float:

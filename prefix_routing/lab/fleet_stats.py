@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
@@ -21,6 +21,27 @@ class CopyStats:
     @property
     def hit_rate(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+class CopyCounters:
+    """What each copy has served so far, one list per counter (the fleet's hot path adds to them)."""
+
+    __slots__ = ("requests", "prompt", "cached", "spills_in", "timeouts")
+
+    def __init__(self, n: int) -> None:
+        self.requests = [0] * n
+        self.prompt = [0.0] * n
+        self.cached = [0.0] * n
+        self.spills_in = [0] * n
+        self.timeouts = [0] * n
+
+    def stats(self, copies: int, out: Sequence[int], blocks_held: Callable[[int], float]) -> list[CopyStats]:
+        """Each copy's ``CopyStats`` (``copies`` per instance; ``out``: in flight; ``blocks_held(g)``)."""
+        return [
+            CopyStats(g // copies, g % copies, out[g], self.requests[g], self.prompt[g], self.cached[g],
+                      blocks_held(g), self.spills_in[g], self.timeouts[g])
+            for g in range(len(self.requests))
+        ]
 
 
 def instance_totals(stats: Sequence[CopyStats], instances: int) -> list[dict]:

@@ -26,6 +26,7 @@ past the blocks seen before). With the llama.cpp slot policy the copies' holding
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from itertools import filterfalse
 from typing import Hashable
@@ -59,6 +60,12 @@ class MissLedger:
         self.rekeyed = 0.0
         self.routed_away = 0.0
         self.evicted = 0.0
+
+    @classmethod
+    def for_fleet(cls, copies: int, capacity_tokens: float, block_tokens: float) -> "MissLedger":
+        """A ledger that remembers blocks for about 8 fleets' worth of cache (200,000 to 2,000,000)."""
+        blocks_cached = math.inf if math.isinf(capacity_tokens) else copies * capacity_tokens / block_tokens
+        return cls(int(min(2_000_000, max(200_000, 4 * blocks_cached))))
 
     def _known(self, rest: Sequence[Hashable]) -> int:
         seen, older = self.seen, self.older
@@ -97,6 +104,25 @@ class MissLedger:
         # (the m cached blocks were seen when they entered the cache)
         if len(seen) > self.limit:
             self.older, self.seen = seen, set()
+
+    def record(self, blocks: Sequence[Hashable], g: int, held: int, prompt_tokens: float, held_tokens: float,
+               cached_tokens: float, block_tokens: float, held_elsewhere: Callable[[int, Sequence[Hashable]], int],
+               rekeyed: bool) -> None:
+        """One served request, as the fleet model records it: what the copy held but its engine still
+        computed (``held_tokens − cached_tokens``, the last block), then :meth:`book`, with its
+        common cases inline (nothing new, or all new)."""
+        self.last_block += held_tokens - cached_tokens  # held, but not whole blocks short of the last token
+        if held < len(blocks):
+            rest = blocks[held:] if held else blocks
+            seen = self.seen
+            first_block = rest[0]
+            if held_tokens < prompt_tokens and (first_block in seen or first_block in self.older or rekeyed):
+                self.book(blocks, g, held, prompt_tokens, held_tokens, block_tokens, held_elsewhere, rekeyed)
+            else:  # the uncached part starts with a block never seen: chained ids, so all of it is new
+                self.first_touch += prompt_tokens - held_tokens
+                seen.update(rest)
+                if len(seen) > self.limit:
+                    self.older, self.seen = seen, set()
 
     def as_dict(self) -> dict[str, float]:
         return {"last_block": self.last_block, "first_touch": self.first_touch, "rekeyed": self.rekeyed,

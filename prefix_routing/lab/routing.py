@@ -22,8 +22,8 @@ DEFAULT_BLOCK_TOKENS = 512  # the Mooncake trace's block size
 ROUTING_OVERHEAD_S = 0.0016  # AWS blog: prefix-aware routing added 1.3–1.9 ms
 
 
-_MASK = (1 << 64) - 1
-_GOLDEN = 0x9E3779B97F4A7C15  # 2^64 / golden ratio: Fibonacci hashing
+MASK = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15  # 2^64 / golden ratio: Fibonacci hashing
 
 
 class Strategy(str, enum.Enum):
@@ -45,10 +45,10 @@ class Strategy(str, enum.Enum):
             ) from None
 
 
-_PREFIX_AWARE = Strategy.PREFIX_AWARE
-_RANDOM = Strategy.RANDOM
-_KV_AWARE = Strategy.KV_AWARE
-_LEAST_OUTSTANDING = Strategy.LEAST_OUTSTANDING_REQUESTS
+PREFIX_AWARE = Strategy.PREFIX_AWARE
+RANDOM = Strategy.RANDOM
+KV_AWARE = Strategy.KV_AWARE
+LEAST_OUTSTANDING = Strategy.LEAST_OUTSTANDING_REQUESTS
 
 
 def key_blocks(
@@ -76,7 +76,7 @@ def stable_hash(value: Hashable) -> int:
     if value is None:
         return 0x5BD1E995
     if isinstance(value, int):
-        return value & _MASK
+        return value & MASK
     if isinstance(value, str):
         value = value.encode()
     if isinstance(value, (bytes, bytearray)):
@@ -96,9 +96,9 @@ _key_hash = functools.lru_cache(maxsize=1 << 18)(stable_hash)
 
 def mix64(x: int) -> int:
     """splitmix64's finalizer: a cheap, well-spread 64-bit mix."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    x = (x + 0x9E3779B97F4A7C15) & MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK
     return x ^ (x >> 31)
 
 
@@ -157,7 +157,7 @@ class Router:
         self.copies_per_instance = copies_per_instance
         self.threshold = concurrency_threshold
         self.rng = rng if rng is not None else random.Random(seed)
-        self._seed_mix = mix64(seed & _MASK)
+        self._seed_mix = mix64(seed & MASK)
         self._home_of: dict = {}
         self.active: list[int] | None = None  # with copy autoscaling: the copies serving now
         self._keep_homes = False
@@ -181,19 +181,19 @@ class Router:
         strategy = self.strategy
         if len(active) == 1:
             return active[0], False
-        if strategy is _PREFIX_AWARE:
+        if strategy is PREFIX_AWARE:
             home = self.home(key) if self._keep_homes else -1
             if home < 0 or home not in active:
                 kh = mix64(_key_hash(key) ^ self._seed_mix)
-                home = max(active, key=lambda c: mix64(kh ^ (c + 1) * _GOLDEN & _MASK))
+                home = max(active, key=lambda c: mix64(kh ^ (c + 1) * GOLDEN & MASK))
             if out[home] < self.threshold:
                 return home, False
             loads = [out[c] for c in active]
             spill = active[spill_copy(loads, active.index(home), self.threshold, 1)]
             return spill, spill != home
-        if strategy is _RANDOM:
+        if strategy is RANDOM:
             return active[int(self.rng.random() * len(active))], False
-        if strategy is _LEAST_OUTSTANDING:
+        if strategy is LEAST_OUTSTANDING:
             start = int(self.rng.random() * len(active))
             order = active[start:] + active[:start]
             return min(order, key=out.__getitem__), False
@@ -203,7 +203,7 @@ class Router:
         """The copy a routing key maps to: Fibonacci hashing of integer ids (chained block ids),
         a memoized mix of ``stable_hash`` for other keys; the same in every process."""
         if type(key) is int:
-            return ((((key ^ self._seed_mix) * _GOLDEN) & _MASK) >> 16) % self.n
+            return ((((key ^ self._seed_mix) * GOLDEN) & MASK) >> 16) % self.n
         g = self._home_of.get(key)
         if g is None:
             g = self._home_of[key] = mix64(_key_hash(key) ^ self._seed_mix) % self.n
@@ -218,15 +218,15 @@ class Router:
         if n == 1:
             return 0, False
         strategy = self.strategy
-        if strategy is _PREFIX_AWARE:
+        if strategy is PREFIX_AWARE:
             g = self.home(key)
             if out[g] >= self.threshold:
                 spill = spill_copy(out, g, self.threshold, self.copies_per_instance)
                 return spill, spill != g
             return g, False
-        if strategy is _RANDOM:
+        if strategy is RANDOM:
             return int(self.rng.random() * n), False
-        if strategy is _LEAST_OUTSTANDING:
+        if strategy is LEAST_OUTSTANDING:
             start = int(self.rng.random() * n)
             g, best = start, out[start]
             for j in range(start + 1, start + n):

@@ -10,17 +10,21 @@ from heapq import heappop, heappush
 from typing import Sequence
 
 from prefix_routing.lab import fast_loop
-from prefix_routing.lab.common import _CHUNK, _percentiles, _progress
 from prefix_routing.lab.fleet import Fleet
 from prefix_routing.lab.fleet_config import FleetConfig, autoscaling_error, autoscaling_modelled
 from prefix_routing.lab.overload import WAIT_S
-from prefix_routing.lab.routing import Strategy, routing_key
+from prefix_routing.lab.percentiles import percentiles
+from prefix_routing.lab.progress import progress_bar
+from prefix_routing.lab.routing import Strategy
 from prefix_routing.lab.slot_cache import LLAMACPP_SLOTS
 from prefix_routing.lab.tenant_report import tenant_rows
 from prefix_routing.lab.tenant_sim import TenantBook, feed_limited, new_limit_model
-from prefix_routing.lab.traces import Trace
+from prefix_routing.lab.trace_data import Trace
+from prefix_routing.lab.trace_keys import trace_keys
 from prefix_routing.rules.errors import UserError
 from prefix_routing.rules.limits import LimitSettings
+
+_CHUNK = 4096  # requests per pass of the loop (and per update of the progress bar)
 
 
 @dataclass
@@ -118,22 +122,6 @@ def config_for_trace(config: FleetConfig, trace: Trace) -> FleetConfig:
     if config.block_tokens == trace.block_tokens and config.block_bytes == trace.block_bytes:
         return config
     return replace(config, block_tokens=trace.block_tokens, block_bytes=trace.block_bytes)
-
-
-def trace_keys(trace: Trace, k: int, as_sent: bool = False) -> list:
-    """Each request's PREFIX_AWARE key; ``as_sent``: a re-keyed raw body's own bytes instead."""
-    ids = trace.routing_ids
-    if ids:
-        keys = [routing_key(b, k, rid) for b, rid in zip(trace.blocks, ids)]
-    elif k > 0:  # routing_key without a call per request: the k-th block, or the last of a shorter list
-        keys = [b[k - 1] if len(b) >= k else b[-1] if b else None for b in trace.blocks]
-    else:
-        keys = [routing_key(b, k) for b in trace.blocks]
-    if as_sent:
-        if not trace.raw_keys:
-            raise UserError(f"{trace.source}: routing as sent needs raw request bodies (--format bodies)")
-        keys = [key if raw is None else raw for key, raw in zip(keys, trace.raw_keys)]
-    return keys
 
 
 class Simulator:
@@ -238,9 +226,9 @@ class Simulator:
         feed's, or a later one's chained with the earlier; OrderedDicts (converted exactly) otherwise."""
         fleet = self.fleet
         if fast_loop.eligible(fleet) and (chained_with_earlier or not self.arrivals) and trace.ids_chained():
-            fleet.use_chain_caches()
+            fleet.caches.use_chain_caches()
         else:
-            fleet.use_ordered_caches()
+            fleet.caches.use_ordered_caches()
 
     def _loop(self, n, keys, arrivals, prompts, outputs, blocks, firsts, cached, bar, where, ends) -> None:
         inv = self.inv
@@ -328,7 +316,7 @@ def simulate(
                     explain_misses=explain_misses)
     own_bar = bar is None
     if own_bar:
-        bar = _progress(len(trace), config.strategy.value, progress)
+        bar = progress_bar(len(trace), config.strategy.value, progress)
     try:
         sim.feed(trace, keys=keys, bar=bar, as_sent=as_sent)
     finally:
@@ -395,7 +383,7 @@ def _result(sim: Simulator) -> SimResult:
     prompts, cached_tokens = sim.prompts, sim.cached
     served_prompt = math.fsum(p for p, good in zip(prompts, ok) if good)
     hit = math.fsum(cached_tokens) / served_prompt if served_prompt else 0.0
-    p = _percentiles(ttft) if n else {"p50": 0.0, "p90": 0.0, "p99": 0.0}
+    p = percentiles(ttft) if n else {"p50": 0.0, "p90": 0.0, "p99": 0.0}
     rows = fleet.instance_totals()
     req = [r["requests"] for r in rows]
     tok = [r["prompt_tokens"] for r in rows]
@@ -481,7 +469,7 @@ def simulate_many(
     """The same trace and fleet under each strategy, with one progress bar for all. With autoscaling,
     a strategy it does not model runs at fixed copies (``for_strategy``; its result says so)."""
     check_autoscaling(config, strategies)
-    bar = _progress(len(trace) * len(strategies), "simulate", progress)
+    bar = progress_bar(len(trace) * len(strategies), "simulate", progress)
     try:
         results = []
         for s in strategies:

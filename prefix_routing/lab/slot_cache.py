@@ -101,6 +101,16 @@ def common_tokens(seq: tuple, blocks: Sequence[Hashable], prompt: float, block_t
     return min(lcp, seq[1], prompt)
 
 
+def slot_caches(config, copies: int, slots: int) -> "SlotCache | None":
+    """The slots of a fleet's ``copies`` llama-servers of ``slots`` slots each (``config``: its
+    ``FleetConfig``); None when its engines keep vLLM's LRU of blocks."""
+    if config.cache_policy == VLLM_BLOCKS:
+        return None
+    return SlotCache(copies, slots=slots, context_tokens=config.capacity_tokens, block_tokens=config.block_tokens,
+                     similarity=config.slot_prompt_similarity, cache_ram_mib=config.cache_ram_mib,
+                     bytes_per_token=config.preset.model.kv_bytes_per_token)
+
+
 class SlotCache:
     """The slots and saved states of ``copies`` llama.cpp engines: ``lookup`` decides, ``occupy`` commits."""
 

@@ -12,7 +12,7 @@ import math
 from collections import defaultdict
 from typing import Sequence
 
-from prefix_routing.lab.common import _percentiles
+from prefix_routing.lab.percentiles import percentiles
 
 #: Tenants shown one per line in the text table; the others are summed into one line.
 SHOWN = 10
@@ -34,7 +34,7 @@ def tenant_rows(book, ttft: Sequence[float], ok: Sequence[bool], outputs: Sequen
         throttled[t][limit] = count
     rows = []
     for t, name in enumerate(book.names):
-        p = _percentiles(served_ttft[t], (50, 90)) if served_ttft[t] else {"p50": None, "p90": None}
+        p = percentiles(served_ttft[t], (50, 90)) if served_ttft[t] else {"p50": None, "p90": None}
         rows.append({
             "tenant": name,
             "requests": book.sent[t],

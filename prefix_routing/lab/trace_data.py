@@ -1,8 +1,8 @@
 """The lab's trace (requests in columns) and what a reader collects on its way: rows, skips and why.
 
 :class:`Trace` is what every reader of :mod:`.traces` returns and what the fleet model replays;
-:class:`Skipped` counts the lines a reader could not use, by reason; ``_Collector`` gathers one
-reader's rows and skips, and builds the trace (sorted by time, within :mod:`.limits`' span).
+:class:`Skipped` counts the lines a reader could not use, by reason; ``Collector`` gathers one
+reader's rows and skips, and builds the trace (sorted by time, within :mod:`.input_bounds`' span).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Hashable, Iterable
 
-from prefix_routing.lab import limits
+from prefix_routing.lab import input_bounds
 from prefix_routing.lab.chain_cache import chained
 from prefix_routing.rules.errors import UserError
 
@@ -179,7 +179,7 @@ class Trace:
         )
 
 
-class _Collector:
+class Collector:
     """Accumulates requests, skips and the strict-mode failure for one reader."""
 
     def __init__(self, source: str, strict: bool):
@@ -210,17 +210,17 @@ class _Collector:
         return out
 
     def _within_span(self) -> None:
-        """Skip the rows further than half of ``limits.MAX_SPAN_S`` from the median arrival."""
+        """Skip the rows further than half of ``input_bounds.MAX_SPAN_S`` from the median arrival."""
         times = sorted(row[0] for row in self.rows)
-        if not times or times[-1] - times[0] <= limits.MAX_SPAN_S:
+        if not times or times[-1] - times[0] <= input_bounds.MAX_SPAN_S:
             return
-        median, half = times[len(times) // 2], limits.MAX_SPAN_S / 2
+        median, half = times[len(times) // 2], input_bounds.MAX_SPAN_S / 2
         kept = []
         for row, where in zip(self.rows, self.wheres):
             if abs(row[0] - median) <= half:
                 kept.append(row)
             else:
-                self.skip(where, limits.span_reason(), f"{row[0] - median:+,.0f} s")
+                self.skip(where, input_bounds.span_reason(), f"{row[0] - median:+,.0f} s")
         self.rows = kept
 
     def build(self, block_tokens: float, block_bytes: float | None, with_ids: bool) -> Trace:
@@ -256,9 +256,9 @@ class _Collector:
         )
 
 
-def _is_int(value) -> bool:
+def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value) -> bool:
+def is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

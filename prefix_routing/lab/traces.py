@@ -16,7 +16,7 @@ Nothing is dropped silently. A line that cannot be read is skipped and recorded 
 ``Trace.skipped`` (a count per reason and the first few line numbers); with ``strict=True`` the
 first such line raises ``UserError`` naming the file and line instead. Unreadable input (missing
 file, no request at all) always raises ``UserError``. Every count, size and time read is bounded
-(:mod:`.limits`): a value beyond its bound skips its line the same way, with a reason naming both.
+(:mod:`.input_bounds`): a value beyond its bound skips its line the same way, with a reason naming both.
 """
 
 from __future__ import annotations
@@ -28,18 +28,18 @@ import math
 import os
 from typing import Iterator
 
-from prefix_routing.lab import limits
+from prefix_routing.lab import input_bounds
 from prefix_routing.lab.misses import ClientKey
-from prefix_routing.lab.sampling import SourceSample
+from prefix_routing.lab.source_sample import SourceSample
 # Trace and Skipped are this module's results: importable from here, as they always were.
 from prefix_routing.lab.trace_data import (  # noqa: F401
     EXAMPLES_KEPT,
     MOONCAKE_BLOCK_TOKENS,
+    Collector,
     Skipped,
     Trace,
-    _Collector,
-    _is_int,
-    _is_number,
+    is_int,
+    is_number,
 )
 from prefix_routing.rules.errors import UserError
 from prefix_routing.rules.sampling import filter_pattern as sample_pattern
@@ -51,12 +51,12 @@ DEFAULT_OUTPUT_TOKENS = 256  # bodies that do not say how many tokens they want
 # --------------------------------------------------------------------------- shared helpers
 
 
-LINE_TOO_LONG = f"line longer than {limits.MAX_LINE_BYTES:,} bytes"
+LINE_TOO_LONG = f"line longer than {input_bounds.MAX_LINE_BYTES:,} bytes"
 
 
 def _open_lines(path: str | os.PathLike) -> Iterator[tuple[int, str | None]]:
     """(line number, text) of a text file, ``.gz`` allowed; text None for a line longer than
-    ``limits.MAX_LINE_BYTES`` (read past in bounded pieces, never held whole). Missing file: UserError."""
+    ``input_bounds.MAX_LINE_BYTES`` (read past in bounded pieces, never held whole). Missing file: UserError."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise UserError(f"trace file not found: {path}")
@@ -66,7 +66,7 @@ def _open_lines(path: str | os.PathLike) -> Iterator[tuple[int, str | None]]:
         raw = gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
     except OSError as error:
         raise UserError(f"cannot read trace file {path}: {error.strerror or error}") from None
-    limit = limits.MAX_LINE_BYTES
+    limit = input_bounds.MAX_LINE_BYTES
     with raw as lines:  # both buffered: readline(limit) reads at most limit bytes
         lineno = 0
         while line := lines.readline(limit + 1):
@@ -90,7 +90,7 @@ def _json_object(text: str):
     return obj, None
 
 
-def _json_records(c: "_Collector", path: str | os.PathLike) -> Iterator[tuple[str, str, dict]]:
+def _json_records(c: "Collector", path: str | os.PathLike) -> Iterator[tuple[str, str, dict]]:
     """(``file:line``, text, object) of each JSON-object line; blank lines pass, broken ones are
     counted and reported through the collector (or fail it, when strict)."""
     for lineno, text in _open_lines(path):
@@ -113,26 +113,26 @@ def _json_records(c: "_Collector", path: str | os.PathLike) -> Iterator[tuple[st
 
 def read_mooncake(path: str | os.PathLike, *, strict: bool = False, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> Trace:
     """Read a Mooncake JSONL trace. ``hash_ids`` must have ``ceil(input_length / 512)`` ids."""
-    c = _Collector(os.fspath(path), strict)
+    c = Collector(os.fspath(path), strict)
     for where, _, obj in _json_records(c, path):
         missing = [k for k in ("timestamp", "input_length", "output_length", "hash_ids") if k not in obj]
         if missing:
             c.skip(where, f"missing field {missing[0]!r}")
             continue
         ts, prompt, output, ids = obj["timestamp"], obj["input_length"], obj["output_length"], obj["hash_ids"]
-        if not _is_number(ts) or ts < 0:
+        if not is_number(ts) or ts < 0:
             c.skip(where, "bad 'timestamp'", f"{ts!r} is not a number >= 0")
-        elif ts > limits.latest_ms():
+        elif ts > input_bounds.latest_ms():
             c.skip(where, "'timestamp' more than a day in the future", f"{ts!r} ms")
-        elif not _is_int(prompt) or prompt < 0:
+        elif not is_int(prompt) or prompt < 0:
             c.skip(where, "bad 'input_length'", f"{prompt!r} is not an integer >= 0")
-        elif problem := limits.count_problem("input_length", prompt, limits.MAX_PROMPT_TOKENS):
+        elif problem := input_bounds.count_problem("input_length", prompt, input_bounds.MAX_PROMPT_TOKENS):
             c.skip(where, problem, repr(prompt))
-        elif not _is_int(output) or output < 0:
+        elif not is_int(output) or output < 0:
             c.skip(where, "bad 'output_length'", f"{output!r} is not an integer >= 0")
-        elif problem := limits.count_problem("output_length", output, limits.MAX_OUTPUT_TOKENS):
+        elif problem := input_bounds.count_problem("output_length", output, input_bounds.MAX_OUTPUT_TOKENS):
             c.skip(where, problem, repr(output))
-        elif not isinstance(ids, list) or not all(_is_int(i) for i in ids):
+        elif not isinstance(ids, list) or not all(is_int(i) for i in ids):
             c.skip(where, "bad 'hash_ids'", "not a list of integers")
         elif len(ids) != math.ceil(prompt / block_tokens):
             c.skip(
@@ -148,10 +148,10 @@ def read_mooncake(path: str | os.PathLike, *, strict: bool = False, block_tokens
 # --------------------------------------------------------------------------- the normalizer's log
 
 
-def _log_record(c: _Collector, where: str, text: str, state: dict, bytes_per_token: float, fallback_ts_ms=None,
+def _log_record(c: Collector, where: str, text: str, state: dict, bytes_per_token: float, fallback_ts_ms=None,
                 keep=None) -> None:
     """One log line: a request, an ignored line, or a broken request line. ``keep``: a sample's rule
-    (lab.sampling.SourceSample.keep), asked of every request line that succeeded."""
+    (lab.source_sample.SourceSample.keep), asked of every request line that succeeded."""
     F = LogField
     obj, error = _json_object(text)
     if error:
@@ -164,29 +164,29 @@ def _log_record(c: _Collector, where: str, text: str, state: dict, bytes_per_tok
         c.skipped.ignored[f"lines whose message is not {REQUEST_LOG_MESSAGE!r}"] += 1
         return
     status = obj.get(F.STATUS)
-    if _is_int(status) and status >= 400:
+    if is_int(status) and status >= 400:
         # Rejected by the normalizer (4xx) or failed upstream (5xx): no tokens to replay.
         c.skipped.ignored[f"failed requests (status {status // 100}xx)"] += 1
         return
     if keep is not None and not keep(obj):
         return
     ts = obj.get(F.TIMESTAMP_MS, fallback_ts_ms)
-    if not _is_number(ts):
+    if not is_number(ts):
         c.skip(where, f"missing or bad {F.TIMESTAMP_MS!r}", repr(obj.get(F.TIMESTAMP_MS)))
         return
-    if problem := limits.epoch_ms_problem(F.TIMESTAMP_MS, ts):
+    if problem := input_bounds.epoch_ms_problem(F.TIMESTAMP_MS, ts):
         c.skip(where, problem, repr(ts))
         return
     block_bytes = obj.get(F.BLOCK_BYTES)
-    low, high = limits.BLOCK_BYTES_RANGE
-    if not _is_int(block_bytes) or not low <= block_bytes <= high:
+    low, high = input_bounds.BLOCK_BYTES_RANGE
+    if not is_int(block_bytes) or not low <= block_bytes <= high:
         c.skip(where, f"missing or bad {F.BLOCK_BYTES!r}", f"{block_bytes!r} (allowed: {low} to {high:,})")
         return
     hashes = obj.get(F.BLOCK_HASHES)
     if not isinstance(hashes, list):
         c.skip(where, f"missing or bad {F.BLOCK_HASHES!r}", "expected a list of strings")
         return
-    if problem := limits.count_problem(f"{F.BLOCK_HASHES} count", len(hashes), limits.max_block_hashes(block_bytes)):
+    if problem := input_bounds.count_problem(f"{F.BLOCK_HASHES} count", len(hashes), input_bounds.max_block_hashes(block_bytes)):
         c.skip(where, problem, f"{len(hashes):,} hashes of {block_bytes} bytes: more than a 6 MiB body has")
         return
     if not all(isinstance(h, (str, int)) and not isinstance(h, bool) for h in hashes):
@@ -197,28 +197,28 @@ def _log_record(c: _Collector, where: str, text: str, state: dict, bytes_per_tok
         return
     prompt = obj.get(F.PROMPT_TOKENS)
     body = obj.get(F.BODY_BYTES)
-    if _is_int(body) and (problem := limits.count_problem(F.BODY_BYTES, body, limits.MAX_BODY_BYTES)):
+    if is_int(body) and (problem := input_bounds.count_problem(F.BODY_BYTES, body, input_bounds.MAX_BODY_BYTES)):
         c.skip(where, problem, repr(body))
         return
     if prompt is None:
-        if _is_int(body) and body >= 0:
+        if is_int(body) and body >= 0:
             prompt = math.ceil(body / bytes_per_token)
         else:
             prompt = math.ceil(len(hashes) * block_bytes / bytes_per_token)
         state["estimated_prompts"] = state.get("estimated_prompts", 0) + 1
-    if not _is_int(prompt) or prompt < 0:
+    if not is_int(prompt) or prompt < 0:
         c.skip(where, f"bad {F.PROMPT_TOKENS!r}", repr(prompt))
         return
-    if problem := limits.count_problem(F.PROMPT_TOKENS, prompt, limits.MAX_PROMPT_TOKENS):
+    if problem := input_bounds.count_problem(F.PROMPT_TOKENS, prompt, input_bounds.MAX_PROMPT_TOKENS):
         c.skip(where, problem, repr(prompt))
         return
     output = obj.get(F.OUTPUT_TOKENS, 0)
     if output is None:
         output = 0
-    if not _is_int(output) or output < 0:
+    if not is_int(output) or output < 0:
         c.skip(where, f"bad {F.OUTPUT_TOKENS!r}", repr(output))
         return
-    if problem := limits.count_problem(F.OUTPUT_TOKENS, output, limits.MAX_OUTPUT_TOKENS):
+    if problem := input_bounds.count_problem(F.OUTPUT_TOKENS, output, input_bounds.MAX_OUTPUT_TOKENS):
         c.skip(where, problem, repr(output))
         return
     routing_id = obj.get(F.ROUTING_ID)
@@ -229,11 +229,11 @@ def _log_record(c: _Collector, where: str, text: str, state: dict, bytes_per_tok
     tenant = obj.get(F.TENANT)  # the caller, as the front door named it (lab/tenants.py)
     c.add(where, (ts / 1000.0, prompt, output, c.intern(hashes), routing_id,
                    rekeyed if isinstance(rekeyed, bool) else None, None,
-                   min(cached, prompt) if _is_int(cached) and cached >= 0 else None,
+                   min(cached, prompt) if is_int(cached) and cached >= 0 else None,
                    tenant if isinstance(tenant, str) and tenant else None))
 
 
-def _finish_log(c: _Collector, state: dict, bytes_per_token: float, sampler=None) -> Trace:
+def _finish_log(c: Collector, state: dict, bytes_per_token: float, sampler=None) -> Trace:
     block_bytes = state.get("block_bytes")
     trace = c.build(block_bytes / bytes_per_token if block_bytes else MOONCAKE_BLOCK_TOKENS, block_bytes, True)
     if sampler is not None:
@@ -251,9 +251,9 @@ def _finish_log(c: _Collector, state: dict, bytes_per_token: float, sampler=None
 def read_request_log(path: str | os.PathLike, *, strict: bool = False, bytes_per_token: float = 4.0,
                      sample_rate: float | None = None) -> Trace:
     """Read the normalizer's request log (JSON lines, e.g. exported from CloudWatch Logs).
-    ``sample_rate``: only the lines of a sample at that rate (:class:`lab.sampling.SourceSample`)."""
+    ``sample_rate``: only the lines of a sample at that rate (:class:`lab.source_sample.SourceSample`)."""
     source = os.fspath(path)
-    c, state = _Collector(source, strict), {}
+    c, state = Collector(source, strict), {}
     sampler = _source_sample(sample_rate)
     keep = sampler.keep if sampler is not None else None
     for lineno, text in _open_lines(path):
@@ -291,7 +291,7 @@ def read_cloudwatch(
     bounds the events read (a Lambda's memory and time): past it the window is cut, and the trace's
     notes say where. ``sample_rate`` below 1: only the lines of a sample at that rate cross the wire
     (``rules.sampling.filter_pattern``, in place of ``filter_pattern``), thinned as
-    :class:`lab.sampling.SourceSample` says.
+    :class:`lab.source_sample.SourceSample` says.
     """
     import boto3  # the lab's only AWS call: imported here so the rest of the lab runs without it
     from botocore.exceptions import BotoCoreError, ClientError
@@ -305,7 +305,7 @@ def read_cloudwatch(
         filter_pattern = sample_pattern(sample_rate)
     if filter_pattern:
         kwargs["filterPattern"] = filter_pattern
-    c, state = _Collector(source, strict), {}
+    c, state = Collector(source, strict), {}
     cut_at = None
     try:
         for page in client.get_paginator("filter_log_events").paginate(**kwargs):
@@ -337,22 +337,22 @@ def read_cloudwatch(
 def _output_tokens(body: dict) -> tuple[str, int]:
     """(the field it came from, the output tokens a body asks for)."""
     for key in ("max_tokens", "max_completion_tokens", "max_new_tokens"):
-        if _is_int(body.get(key)):
+        if is_int(body.get(key)):
             return key, body[key]
     params = body.get("parameters")
-    if isinstance(params, dict) and _is_int(params.get("max_new_tokens")):
+    if isinstance(params, dict) and is_int(params.get("max_new_tokens")):
         return "parameters.max_new_tokens", params["max_new_tokens"]
     return "max_tokens", DEFAULT_OUTPUT_TOKENS
 
 
-def _raw_bodies(c: _Collector, path: str | os.PathLike) -> Iterator[tuple[str, bytes, dict, int]]:
+def _raw_bodies(c: Collector, path: str | os.PathLike) -> Iterator[tuple[str, bytes, dict, int]]:
     """(``file:line``, the body's bytes as sent, its JSON, the output tokens it asks for) of each
     line; a count out of bounds skips its line."""
     for where, text, obj in _json_records(c, path):
         asked, output = _output_tokens(obj)
         if output < 0:
             c.skip(where, f"bad {asked!r}", f"{output!r} is not an integer >= 0")
-        elif problem := limits.count_problem(asked, output, limits.MAX_OUTPUT_TOKENS):
+        elif problem := input_bounds.count_problem(asked, output, input_bounds.MAX_OUTPUT_TOKENS):
             c.skip(where, problem, repr(output))
         else:
             yield where, text.strip().encode("utf-8"), obj, output
@@ -370,7 +370,7 @@ class RawBodyReader:
 
     def __init__(self, path: str | os.PathLike, *, strict: bool = False) -> None:
         self.path = path
-        self._c = _Collector(os.fspath(path), strict)
+        self._c = Collector(os.fspath(path), strict)
 
     def __iter__(self) -> Iterator[tuple[str, bytes, int]]:
         for where, raw, _, output in _raw_bodies(self._c, self.path):
@@ -412,10 +412,10 @@ def read_bodies(
         if block_bytes is not None:
             kwargs["block_bytes"] = block_bytes
         settings = normalize.NormalizerSettings(**kwargs)
-    low, high = limits.BODY_RATE_RANGE
+    low, high = input_bounds.BODY_RATE_RANGE
     if not low <= rate <= high:
         raise UserError(f"body rate {rate!r} (--body-rate): must be from {low:g} to {high:,.0f} requests per second")
-    c = _Collector(os.fspath(path), strict)
+    c = Collector(os.fspath(path), strict)
     size = None
     for where, raw, _, output in _raw_bodies(c, path):
         try:
@@ -431,7 +431,7 @@ def read_bodies(
             # whole body, so that bodies shorter than a routing key still have distinct keys.
             ids.append("tail:" + hashlib.sha256(body).hexdigest()[:16])
         prompt = math.ceil(len(body) / bytes_per_token)
-        if problem := limits.count_problem("prompt tokens", prompt, limits.MAX_PROMPT_TOKENS):
+        if problem := input_bounds.count_problem("prompt tokens", prompt, input_bounds.MAX_PROMPT_TOKENS):
             c.skip(where, problem, f"{len(body):,} bytes at {bytes_per_token:g} bytes per token")
             continue
         arrival = len(c.rows) / rate

@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Sequence
 
-from prefix_routing.lab.common import CANDIDATE_PREFIX_LENGTHS, CANDIDATE_THRESHOLDS, _progress
 from prefix_routing.lab.fleet_config import FleetConfig
+from prefix_routing.lab.grids import CANDIDATE_PREFIX_LENGTHS, CANDIDATE_THRESHOLDS
+from prefix_routing.lab.progress import progress_bar
 from prefix_routing.lab.routing import CONCURRENCY_THRESHOLD_RANGE, PREFIX_LENGTH_RANGE, Strategy
-from prefix_routing.lab.simulate import SimResult, config_for_trace, for_strategy, simulate, trace_keys
+from prefix_routing.lab.simulate import SimResult, config_for_trace, for_strategy, simulate
 from prefix_routing.lab.tenants import tenant_summary
+from prefix_routing.lab.trace_keys import trace_keys
 from prefix_routing.lab.traces import Trace
 from prefix_routing.rules.errors import UserError
 from prefix_routing.rules.limits import LimitSettings
@@ -66,7 +68,7 @@ def tune(
         by_blocks.setdefault(k, pl)
     replications = list(dict.fromkeys(replications)) or [None]
     runs = len(by_blocks) * len(thresholds) * len(replications) + len(baselines)
-    bar = _progress(len(trace) * runs, "tune", progress)
+    bar = progress_bar(len(trace) * runs, "tune", progress)
     points = []
     try:
         baseline_rows = []

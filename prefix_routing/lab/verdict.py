@@ -9,7 +9,7 @@ it as the rule of thumb, not as the answer.
 
 from __future__ import annotations
 
-from prefix_routing.lab.common import REUSE_CRITERION
+from prefix_routing.lab.grids import REUSE_CRITERION
 
 # It pays when PREFIX_AWARE caches at least this many more points of the prompt tokens than
 # RANDOM, or cuts P50 TTFT by at least this share (the advisor's default notification gains).

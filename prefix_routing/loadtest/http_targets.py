@@ -12,17 +12,18 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from prefix_routing.loadtest.stream import (
-    _ERROR_BODY_LIMIT,
-    _FRONT_DOOR_KINDS,
+    FRONT_DOOR_KINDS,
     Attempt,
     StreamParser,
-    _classify_http,
-    _describe,
-    _exception_kind,
-    _expects_usage,
+    classify_http,
+    describe_error,
+    exception_kind,
+    expects_usage,
 )
 from prefix_routing.rules.errors import UserError
 from prefix_routing.rules.stream_usage import usage_request, with_include_usage
+
+_ERROR_BODY_LIMIT = 64 * 1024  # bytes of an error answer's body read
 
 
 class _HttpTarget:
@@ -81,7 +82,7 @@ class _HttpTarget:
                 code = data.get("code") if isinstance(data.get("code"), str) else error
                 message = data.get("message") or message
         code = code if isinstance(code, str) else None
-        kind = _FRONT_DOOR_KINDS.get(code or "") or _classify_http(status, code)
+        kind = FRONT_DOOR_KINDS.get(code or "") or classify_http(status, code)
         if kind.startswith("http_") and code and "throttl" in code.lower():
             kind = "throttled"
         if kind.startswith("http_") and code and code.lower() in ("modelerror", "model_error"):
@@ -91,7 +92,7 @@ class _HttpTarget:
     def send(self, body: bytes) -> Attempt:
         attempt = Attempt()
         parser = StreamParser()
-        expect_usage = _expects_usage(body)
+        expect_usage = expects_usage(body)
         call_start = time.perf_counter()
         headers = self.request_headers(body)
         start = time.perf_counter()
@@ -130,7 +131,7 @@ class _HttpTarget:
                 parser.feed(data)
             reusable = not response.will_close
         except Exception as error:
-            attempt.kind, attempt.detail = _exception_kind(error), _describe(error)
+            attempt.kind, attempt.detail = exception_kind(error), describe_error(error)
         finally:
             attempt.e2e_s = time.perf_counter() - start
             self._release(conn, reusable)
@@ -237,7 +238,7 @@ def sagemaker_bearer_token(region: str | None) -> str:
     try:
         token = generate_token(**kwargs)
     except Exception as error:
-        raise UserError(f"sagemaker.core.token_generator.generate_token failed: {_describe(error)}") from None
+        raise UserError(f"sagemaker.core.token_generator.generate_token failed: {describe_error(error)}") from None
     if not isinstance(token, str) or not token:
         raise UserError("sagemaker.core.token_generator.generate_token returned no token")
     return token

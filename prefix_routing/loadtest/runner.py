@@ -12,7 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefix_routing.loadtest.stream import RETRYABLE, Attempt, _describe
+from prefix_routing.loadtest.stream import RETRYABLE, Attempt, describe_error
 from prefix_routing.loadtest.work import WorkItem
 from prefix_routing.rules.errors import UserError
 
@@ -149,7 +149,7 @@ def run_load(
             try:
                 attempt, attempts, retried, _ = _send_with_retries(target, body, retries, rng)
             except BaseException as error:  # a bug in a target must not lose the request
-                attempt, attempts, retried = Attempt(kind="client_error", detail=_describe(error)), 1, []
+                attempt, attempts, retried = Attempt(kind="client_error", detail=describe_error(error)), 1, []
             row = RequestResult(
                 index=item.index,
                 source=item.source,

@@ -11,10 +11,10 @@ from prefix_routing.emulator.server import is_loopback_host
 from prefix_routing.loadtest.stream import (
     Attempt,
     StreamParser,
-    _classify_http,
-    _describe,
-    _exception_kind,
-    _expects_usage,
+    classify_http,
+    describe_error,
+    exception_kind,
+    expects_usage,
 )
 from prefix_routing.rules.errors import UserError
 
@@ -117,7 +117,7 @@ class SageMakerTarget:
 
         attempt = Attempt()
         parser = StreamParser()
-        expect_usage = _expects_usage(body)
+        expect_usage = expects_usage(body)
         self._local.sent = None
         call_start = start = time.perf_counter()
         response = None
@@ -133,11 +133,11 @@ class SageMakerTarget:
                 info = error.response.get("Error", {})
                 attempt.status = meta.get("HTTPStatusCode")
                 attempt.request_id = meta.get("RequestId")
-                attempt.kind = _classify_http(attempt.status or 0, info.get("Code"))
+                attempt.kind = classify_http(attempt.status or 0, info.get("Code"))
                 attempt.detail = f"{info.get('Code', 'error')}: {info.get('Message', '')}".strip()
                 return attempt
             except ParamValidationError as error:
-                attempt.kind, attempt.detail = "client_error", _describe(error)
+                attempt.kind, attempt.detail = "client_error", describe_error(error)
                 return attempt
             meta = response.get("ResponseMetadata", {})
             attempt.status = meta.get("HTTPStatusCode")
@@ -157,7 +157,7 @@ class SageMakerTarget:
                 attempt.kind = "stream_error"
                 attempt.detail = f"{info.get('Code', 'error')}: {info.get('Message', '')}".strip()
         except Exception as error:  # timeouts, dropped connections, refused connections
-            attempt.kind, attempt.detail = _exception_kind(error), _describe(error)
+            attempt.kind, attempt.detail = exception_kind(error), describe_error(error)
         finally:
             attempt.e2e_s = time.perf_counter() - start
             if response is not None:

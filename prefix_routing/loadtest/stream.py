@@ -26,7 +26,7 @@ _THROTTLE_CODES = frozenset(
 )
 #: Error codes of the normalizer front door (``prefix_routing.frontdoor``: ``{"error": {"code": ...}}``
 #: before the stream, ``{"error": {"type": ...}}`` in it) that name one of our kinds.
-_FRONT_DOOR_KINDS = {
+FRONT_DOOR_KINDS = {
     "throttled": "throttled",
     "model_error": "model_error",
     "model_stream_error": "stream_error",
@@ -34,7 +34,6 @@ _FRONT_DOOR_KINDS = {
     "truncated": "truncated",
     "timeout": "timeout",
 }
-_ERROR_BODY_LIMIT = 64 * 1024
 _RAW_KEEP_LIMIT = 16 * 1024 * 1024
 
 
@@ -150,7 +149,7 @@ class StreamParser:
         if self.error is not None:
             kind = "stream_error"
             if isinstance(self.error, dict):
-                kind = _FRONT_DOOR_KINDS.get(str(self.error.get("type")), kind)
+                kind = FRONT_DOOR_KINDS.get(str(self.error.get("type")), kind)
             return kind, _error_text(self.error)
         if self.sse:
             if self.done or self.final_text:
@@ -197,7 +196,7 @@ def _error_text(error: Any) -> str:
     return str(error)[:300]
 
 
-def _expects_usage(body: bytes) -> bool:
+def expects_usage(body: bytes) -> bool:
     """Whether the body asked for usage in the stream (``stream_options.include_usage``)."""
     if b"include_usage" not in body:
         return False
@@ -243,7 +242,7 @@ class Attempt:
         return self
 
 
-def _classify_http(status: int, code: str | None) -> str:
+def classify_http(status: int, code: str | None) -> str:
     if code in _THROTTLE_CODES or status == 429 and code != "ModelNotReadyException":
         return "throttled"
     if code == "ModelError":
@@ -253,7 +252,7 @@ def _classify_http(status: int, code: str | None) -> str:
     return f"http_{status}"
 
 
-def _exception_kind(error: BaseException) -> str:
+def exception_kind(error: BaseException) -> str:
     """timeout / connection / client_error for exceptions raised while sending or reading."""
     names = {cls.__name__ for cls in type(error).__mro__}
     if isinstance(error, (socket.timeout, TimeoutError)) or any("Timeout" in name for name in names):
@@ -271,6 +270,6 @@ def _exception_kind(error: BaseException) -> str:
     return "client_error"
 
 
-def _describe(error: BaseException) -> str:
+def describe_error(error: BaseException) -> str:
     text = str(error).strip().replace("\n", " ")
     return f"{type(error).__name__}: {text[:300]}" if text else type(error).__name__

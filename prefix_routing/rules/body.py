@@ -8,19 +8,19 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from prefix_routing.rules.constants import (
-    _NO_VALUE,
+    NO_VALUE,
     KNOWN_FIELD_ORDER,
     KNOWN_LMI_FIELD_ORDER,
     PROMPT_FIELDS,
     SYSTEM_ROLES,
 )
 from prefix_routing.rules.errors import NormalizationError
-from prefix_routing.rules.freeze import _freeze_chat, _freeze_prompt
+from prefix_routing.rules.freeze import freeze_chat, freeze_prompt
 from prefix_routing.rules.identity import RoutingIdentity, block_hashes, prefix_fingerprint
-from prefix_routing.rules.notes import _Notes, _path
-from prefix_routing.rules.parse import _find, _load, _too_deep
-from prefix_routing.rules.settings import _DEFAULT_SETTINGS, NormalizerSettings
-from prefix_routing.rules.text import _text_rules
+from prefix_routing.rules.notes import Notes, json_path
+from prefix_routing.rules.parse import find_path, load_body, too_deep_error
+from prefix_routing.rules.settings import DEFAULT_SETTINGS, NormalizerSettings
+from prefix_routing.rules.text import text_rules
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Normalized:
 _CONTENT_ALLOWED: Final = "a string, a list of content parts, or null/absent (assistant messages only)"
 
 
-def _chat_messages(messages: Any, settings: NormalizerSettings, notes: _Notes) -> list[dict]:
+def _chat_messages(messages: Any, settings: NormalizerSettings, notes: Notes) -> list[dict]:
     if not isinstance(messages, list) or not messages:
         raise NormalizationError("messages", "not a non-empty list", value=messages,
                                  allowed="a non-empty list of message objects")
@@ -62,7 +62,7 @@ def _chat_messages(messages: Any, settings: NormalizerSettings, notes: _Notes) -
         if "content" in message:
             content = message["content"]
             if isinstance(content, str):
-                content = _text_rules(content, system, notes, f"{path}.content")
+                content = text_rules(content, system, notes, f"{path}.content")
             elif isinstance(content, list):
                 content = _content_parts(content, system, notes, f"{path}.content")
             elif content is None:
@@ -84,11 +84,11 @@ def _chat_messages(messages: Any, settings: NormalizerSettings, notes: _Notes) -
         plural = "s" if reordered != 1 else ""
         notes.other.append(f"keys reordered (role, content, then sorted) in {reordered} message{plural}")
     if settings.freeze_rules:
-        _freeze_chat(out, settings, notes)
+        freeze_chat(out, settings, notes)
     return out
 
 
-def _content_parts(parts: list, system: bool, notes: _Notes, path: str) -> list:
+def _content_parts(parts: list, system: bool, notes: Notes, path: str) -> list:
     out = []
     for index, part in enumerate(parts):
         part_path = f"{path}[{index}]"
@@ -98,7 +98,7 @@ def _content_parts(parts: list, system: bool, notes: _Notes, path: str) -> list:
         kind = part.get("type")
         if not isinstance(kind, str):
             raise NormalizationError(f"{part_path}.type", "missing or not a string",
-                                     value=kind if "type" in part else _NO_VALUE,
+                                     value=kind if "type" in part else NO_VALUE,
                                      allowed='a string such as "text" or "image_url"',
                                      code="invalid_field" if "type" in part else "missing_field")
         new = {"type": kind}
@@ -106,13 +106,13 @@ def _content_parts(parts: list, system: bool, notes: _Notes, path: str) -> list:
             text = part.get("text")
             if not isinstance(text, str):
                 raise NormalizationError(f"{part_path}.text", "missing or not a string",
-                                         value=text if "text" in part else _NO_VALUE,
+                                         value=text if "text" in part else NO_VALUE,
                                          allowed="a string (the text of a text part)",
                                          code="invalid_field" if "text" in part else "missing_field")
         for key in sorted(k for k in part if k != "type"):
             value = part[key]
             if kind == "text" and key == "text":
-                value = _text_rules(value, system, notes, f"{part_path}.text")
+                value = text_rules(value, system, notes, f"{part_path}.text")
             new[key] = value
         out.append(new)
     return out
@@ -127,17 +127,17 @@ def _is_token_ids(value: Any) -> bool:
             and all(isinstance(t, int) and not isinstance(t, bool) for t in value))
 
 
-def _prompt(prompt: Any, settings: NormalizerSettings, notes: _Notes, name: str) -> Any:
+def _prompt(prompt: Any, settings: NormalizerSettings, notes: Notes, name: str) -> Any:
     if isinstance(prompt, str):
-        text = _text_rules(prompt, False, notes, name)
-        return _freeze_prompt(text, settings, notes, name) if settings.freeze_rules else text
+        text = text_rules(prompt, False, notes, name)
+        return freeze_prompt(text, settings, notes, name) if settings.freeze_rules else text
     if isinstance(prompt, list) and prompt:
         if all(isinstance(item, str) for item in prompt):
             out = []
             for index, item in enumerate(prompt):
-                text = _text_rules(item, False, notes, f"{name}[{index}]")
+                text = text_rules(item, False, notes, f"{name}[{index}]")
                 if settings.freeze_rules:
-                    text = _freeze_prompt(text, settings, notes, f"{name}[{index}]")
+                    text = freeze_prompt(text, settings, notes, f"{name}[{index}]")
                 out.append(text)
             return out
         if name == "prompt" and (_is_token_ids(prompt) or all(_is_token_ids(item) for item in prompt)):
@@ -162,7 +162,7 @@ def _order_fields(data: dict, known: tuple[str, ...], out: dict) -> None:
 
 def normalize_body(
     body: bytes | str | Mapping,
-    settings: NormalizerSettings = _DEFAULT_SETTINGS,
+    settings: NormalizerSettings = DEFAULT_SETTINGS,
     *,
     identity: RoutingIdentity | None = None,
 ) -> Normalized:
@@ -180,12 +180,12 @@ def normalize_body(
     try:
         return _normalize(body, settings, identity)
     except RecursionError:  # a deep Mapping given by a caller that is itself deep in the stack
-        raise _too_deep("body", settings.max_depth) from None
+        raise too_deep_error("body", settings.max_depth) from None
 
 
 def _normalize(body: Any, settings: NormalizerSettings, identity: RoutingIdentity | None) -> Normalized:
-    notes = _Notes()
-    data = _load(body, settings, notes)
+    notes = Notes()
+    data = load_body(body, settings, notes)
 
     present = [name for name in PROMPT_FIELDS if name in data]
     if len(present) != 1:
@@ -218,16 +218,16 @@ def _normalize(body: Any, settings: NormalizerSettings, identity: RoutingIdentit
             notes.other.append("cache_salt: the client's value removed (LMI bodies carry no salt)")
         _order_fields(data, KNOWN_LMI_FIELD_ORDER, out)
     else:
-        salt = data.get("cache_salt", _NO_VALUE)
-        if salt is not _NO_VALUE and (not isinstance(salt, str) or not salt):
+        salt = data.get("cache_salt", NO_VALUE)
+        if salt is not NO_VALUE and (not isinstance(salt, str) or not salt):
             raise NormalizationError("cache_salt", "not a non-empty string", value=salt, allowed="a non-empty string")
         if identity is not None:
-            if salt is _NO_VALUE:
+            if salt is NO_VALUE:
                 notes.other.append("cache_salt: added from the routing identity (first key)")
             elif salt != identity.cache_salt:
                 notes.other.append("cache_salt: the client's value replaced by the routing identity's (first key)")
             salt = identity.cache_salt
-        if salt is not _NO_VALUE:
+        if salt is not NO_VALUE:
             out["cache_salt"] = salt
         if kind == "chat":
             out["messages"] = _chat_messages(data["messages"], settings, notes)
@@ -243,8 +243,8 @@ def _normalize(body: Any, settings: NormalizerSettings, identity: RoutingIdentit
     try:
         raw = _ENCODER.encode(out).encode("utf-8")
     except UnicodeEncodeError:
-        path = _find(data, _has_surrogate) or ()
-        raise NormalizationError(_path(path), "text contains an unpaired surrogate (e.g. \\ud800)",
+        path = find_path(data, _has_surrogate) or ()
+        raise NormalizationError(json_path(path), "text contains an unpaired surrogate (e.g. \\ud800)",
                                  allowed="valid Unicode text", code="invalid_unicode") from None
     if len(raw) > settings.max_body_bytes:
         raise NormalizationError("body", f"too large after normalization: {len(raw)} bytes",

@@ -64,16 +64,16 @@ PROMPT_FIELDS: Final = {"messages": "chat", "prompt": "completion", "inputs": "l
 FREEZE_HEADER: Final = "Values of the placeholders ⟦…⟧ used above:"
 FREEZE_PLACEMENTS: Final = ("system_message", "first_user_message")
 
-_PLACEHOLDER_RE: Final = re.compile(r"(⟦[A-Za-z][A-Za-z0-9_-]{0,39}:[1-9][0-9]{0,8}⟧)")
-_PLACEHOLDER_PARTS_RE: Final = re.compile(r"⟦([A-Za-z][A-Za-z0-9_-]{0,39}):([1-9][0-9]{0,8})⟧")
-_FREEZE_LINE_RE: Final = re.compile(r"(⟦[A-Za-z][A-Za-z0-9_-]{0,39}:[1-9][0-9]{0,8}⟧) = (\".*\")")
-_RULE_NAME_RE: Final = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,39}")
-_IDENTIFIER_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_ROUTING_ID_RE: Final = re.compile(r"[!-~]{1,64}")  # printable ASCII, no space: botocore's pattern holds
-_SALT_RE: Final = re.compile(r"[!-~]{1,256}")
+PLACEHOLDER_RE: Final = re.compile(r"(⟦[A-Za-z][A-Za-z0-9_-]{0,39}:[1-9][0-9]{0,8}⟧)")
+PLACEHOLDER_PARTS_RE: Final = re.compile(r"⟦([A-Za-z][A-Za-z0-9_-]{0,39}):([1-9][0-9]{0,8})⟧")
+FREEZE_LINE_RE: Final = re.compile(r"(⟦[A-Za-z][A-Za-z0-9_-]{0,39}:[1-9][0-9]{0,8}⟧) = (\".*\")")
+RULE_NAME_RE: Final = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,39}")
+IDENTIFIER_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+ROUTING_ID_RE: Final = re.compile(r"[!-~]{1,64}")  # printable ASCII, no space: botocore's pattern holds
+SALT_RE: Final = re.compile(r"[!-~]{1,256}")
 
-_BOM: Final = b"\xef\xbb\xbf"
-_LINEWISE_MIN: Final = 512  # texts of at least this many characters get the text rules line by line
-_NFC: Final = functools.partial(unicodedata.normalize, "NFC")
+UTF8_BOM: Final = b"\xef\xbb\xbf"
+LINEWISE_MIN: Final = 512  # texts of at least this many characters get the text rules line by line
+to_nfc: Final = functools.partial(unicodedata.normalize, "NFC")
 
-_NO_VALUE: Final = object()
+NO_VALUE: Final = object()

@@ -24,7 +24,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final, Mapping
 
-from prefix_routing.rules.errors import _describe
+from prefix_routing.rules.errors import describe_value
 from prefix_routing.rules.limits import MAX_PATTERN
 from prefix_routing.rules.tenant_match import first_match, is_pattern  # noqa: F401 - first_match: part of this rule's interface
 
@@ -60,7 +60,7 @@ class TrustDomains:
         seen: dict[str, str] = {}
         for key, domain in self.tenants:
             if not isinstance(key, str) or not 1 <= len(key) <= MAX_PATTERN or not key.isprintable():
-                raise ValueError(f"domains.{domain}.tenants: {_describe(key)}; allowed: a tenant id or pattern of "
+                raise ValueError(f"domains.{domain}.tenants: {describe_value(key)}; allowed: a tenant id or pattern of "
                                  f"1-{MAX_PATTERN} printable characters")
             if domain not in names:
                 raise ValueError(f"domains: tenant {key!r} names domain {domain!r}; the domains: {', '.join(names)}")
@@ -103,7 +103,7 @@ class TrustDomains:
 
         default = data.get("default")
         if default is not None and not isinstance(default, str):
-            raise ValueError(f"DOMAINS: default must be a domain's name or null, got {_describe(default)}")
+            raise ValueError(f"DOMAINS: default must be a domain's name or null, got {describe_value(default)}")
         return cls(pairs(data["components"], "components"), pairs(data.get("tenants", []), "tenants"), default)
 
 

@@ -7,10 +7,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from prefix_routing.rules.constants import _NO_VALUE
+from prefix_routing.rules.constants import NO_VALUE
 
 
-def _describe(value: Any, limit: int = 40) -> str:
+def describe_value(value: Any, limit: int = 40) -> str:
     """A short, one-line description of a value for error messages (strings truncated)."""
     if isinstance(value, str):
         text = json.dumps(value[:limit], ensure_ascii=True)
@@ -48,7 +48,7 @@ class NormalizationError(ValueError):
         field: str,
         reason: str,
         *,
-        value: Any = _NO_VALUE,
+        value: Any = NO_VALUE,
         allowed: str | None = None,
         code: str = "invalid_field",
     ) -> None:
@@ -58,8 +58,8 @@ class NormalizationError(ValueError):
         self.allowed = allowed
         self.code = code
         message = f"{field}: {reason}"
-        if value is not _NO_VALUE:
-            message += f" (got {_describe(value)})"
+        if value is not NO_VALUE:
+            message += f" (got {describe_value(value)})"
         if allowed:
             message += f"; allowed: {allowed}"
         super().__init__(message.replace("\r", " ").replace("\n", " "))
@@ -75,12 +75,12 @@ def _rebuild_error(field, reason, value, allowed, code):  # pragma: no cover - p
 class SettingsError(ValueError):
     """Bad normalizer settings; the message names the source, the field, the value and what is allowed."""
 
-    def __init__(self, source: str, field: str, reason: str, *, value: Any = _NO_VALUE, allowed: str = "") -> None:
+    def __init__(self, source: str, field: str, reason: str, *, value: Any = NO_VALUE, allowed: str = "") -> None:
         self.source = source
         self.field = field
         message = f"{source}: {field}: {reason}"
-        if value is not _NO_VALUE:
-            message += f" (got {_describe(value, 60)})"
+        if value is not NO_VALUE:
+            message += f" (got {describe_value(value, 60)})"
         if allowed:
             message += f"; allowed: {allowed}"
         super().__init__(message.replace("\r", " ").replace("\n", " "))

@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 
 from prefix_routing.rules.constants import (
-    _FREEZE_LINE_RE,
-    _PLACEHOLDER_PARTS_RE,
-    _PLACEHOLDER_RE,
+    FREEZE_LINE_RE,
+    PLACEHOLDER_PARTS_RE,
+    PLACEHOLDER_RE,
     FREEZE_HEADER,
     SYSTEM_ROLES,
 )
-from prefix_routing.rules.notes import _Notes
+from prefix_routing.rules.notes import Notes
 from prefix_routing.rules.settings import FreezeRule, NormalizerSettings
-from prefix_routing.rules.text import _text_rules
+from prefix_routing.rules.text import text_rules
 
 
 class _FreezeState:
@@ -30,12 +30,12 @@ class _FreezeState:
     def learn_text(self, text: str) -> None:
         """Existing placeholders (from an earlier normalization) reserve their numbers."""
         if "⟦" in text:
-            for name, number in _PLACEHOLDER_PARTS_RE.findall(text):
+            for name, number in PLACEHOLDER_PARTS_RE.findall(text):
                 self.next_index[name] = max(self.next_index.get(name, 1), int(number) + 1)
 
     def learn_block(self, block: str) -> None:
         for line in block.split("\n")[1:]:
-            match = _FREEZE_LINE_RE.fullmatch(line)
+            match = FREEZE_LINE_RE.fullmatch(line)
             if not match:
                 continue
             try:
@@ -65,7 +65,7 @@ def _freeze_text(text: str, rules: tuple[FreezeRule, ...], state: _FreezeState, 
     for _ in range(64):
         before = text
         for rule in rules:
-            pieces = _PLACEHOLDER_RE.split(text)
+            pieces = PLACEHOLDER_RE.split(text)
             changed = False
             for index in range(0, len(pieces), 2):  # even indexes: plain text between placeholders
                 piece = pieces[index]
@@ -84,7 +84,7 @@ def _freeze_text(text: str, rules: tuple[FreezeRule, ...], state: _FreezeState, 
                 text = "".join(pieces)
         if text == before:
             return text
-        text = _text_rules(text, system, None, "")
+        text = text_rules(text, system, None, "")
     return text
 
 
@@ -103,7 +103,7 @@ def _is_values_message(message: dict) -> bool:
     return message["role"] in SYSTEM_ROLES and isinstance(content, str) and content.startswith(FREEZE_HEADER)
 
 
-def _freeze_chat(messages: list[dict], settings: NormalizerSettings, notes: _Notes) -> None:
+def freeze_chat(messages: list[dict], settings: NormalizerSettings, notes: Notes) -> None:
     block_end = 0
     while block_end < len(messages) and messages[block_end]["role"] in SYSTEM_ROLES and not _is_values_message(
         messages[block_end]
@@ -156,7 +156,7 @@ def _freeze_chat(messages: list[dict], settings: NormalizerSettings, notes: _Not
     where_text = ", ".join(where)
     if existing_message:
         target = messages[block_end]
-        target["content"] = _text_rules(target["content"] + "\n" + "\n".join(state.new_lines), True, None, "")
+        target["content"] = text_rules(target["content"] + "\n" + "\n".join(state.new_lines), True, None, "")
         notes.other.append(_freeze_note(state, where_text, f"messages[{block_end}] (appended)"))
         return
     if settings.freeze_placement == "first_user_message" and user is not None and (
@@ -169,19 +169,19 @@ def _freeze_chat(messages: list[dict], settings: NormalizerSettings, notes: _Not
                 content = head + "\n" + "\n".join(state.new_lines) + sep + rest
             else:
                 content = _render_block(state.new_lines) + ("\n\n" + content if content else "")
-            user["content"] = _text_rules(content, False, None, "")
+            user["content"] = text_rules(content, False, None, "")
         elif existing_user_part:
-            content[0]["text"] = _text_rules(content[0]["text"] + "\n" + "\n".join(state.new_lines), False, None, "")
+            content[0]["text"] = text_rules(content[0]["text"] + "\n" + "\n".join(state.new_lines), False, None, "")
         else:
-            content.insert(0, {"type": "text", "text": _text_rules(_render_block(state.new_lines), False, None, "")})
+            content.insert(0, {"type": "text", "text": text_rules(_render_block(state.new_lines), False, None, "")})
         notes.other.append(_freeze_note(state, where_text, f"the start of messages[{block_end}] (first user message)"))
         return
     role = messages[block_end - 1]["role"]
-    messages.insert(block_end, {"role": role, "content": _text_rules(_render_block(state.new_lines), True, None, "")})
+    messages.insert(block_end, {"role": role, "content": text_rules(_render_block(state.new_lines), True, None, "")})
     notes.other.append(_freeze_note(state, where_text, f"a new {role} message messages[{block_end}]"))
 
 
-def _freeze_prompt(text: str, settings: NormalizerSettings, notes: _Notes, path: str) -> str:
+def freeze_prompt(text: str, settings: NormalizerSettings, notes: Notes, path: str) -> str:
     """Completion / LMI prompt: the shared head is everything before the last blank line."""
     state = _FreezeState()
     marker = text.find("\n\n" + FREEZE_HEADER)
@@ -200,4 +200,4 @@ def _freeze_prompt(text: str, settings: NormalizerSettings, notes: _Notes, path:
         return text
     block = block + "\n" + "\n".join(state.new_lines) if block else _render_block(state.new_lines)
     notes.other.append(_freeze_note(state, path + " (before its last blank line)", f"{path} before its last paragraph"))
-    return _text_rules(frozen + "\n\n" + block + (sep or "\n\n") + tail, False, None, "")
+    return text_rules(frozen + "\n\n" + block + (sep or "\n\n") + tail, False, None, "")

@@ -7,8 +7,8 @@ import hmac
 from dataclasses import dataclass
 from typing import Final
 
-from prefix_routing.rules.constants import _ROUTING_ID_RE, _SALT_RE, FINGERPRINT_HEX_DIGITS
-from prefix_routing.rules.errors import _describe
+from prefix_routing.rules.constants import ROUTING_ID_RE, SALT_RE, FINGERPRINT_HEX_DIGITS
+from prefix_routing.rules.errors import describe_value
 
 
 @dataclass(frozen=True)
@@ -19,16 +19,16 @@ class RoutingIdentity:
     cache_salt: str
 
     def __post_init__(self) -> None:
-        if not isinstance(self.prefix_aware_id, str) or not _ROUTING_ID_RE.fullmatch(self.prefix_aware_id):
+        if not isinstance(self.prefix_aware_id, str) or not ROUTING_ID_RE.fullmatch(self.prefix_aware_id):
             raise ValueError(
-                f"prefix_aware_id: not a valid PrefixAwareId (got {_describe(self.prefix_aware_id)}); "
+                f"prefix_aware_id: not a valid PrefixAwareId (got {describe_value(self.prefix_aware_id)}); "
                 "allowed: 1-64 printable ASCII characters without spaces (the routing ids this library makes, "
                 "within SageMaker's PrefixAwareId: 1-64 characters, the first not whitespace, the rest printable, "
                 "\\A\\S[\\p{Print}]*\\z)"
             )
-        if not isinstance(self.cache_salt, str) or not _SALT_RE.fullmatch(self.cache_salt):
+        if not isinstance(self.cache_salt, str) or not SALT_RE.fullmatch(self.cache_salt):
             raise ValueError(
-                f"cache_salt: not a valid salt (got {_describe(self.cache_salt)}); "
+                f"cache_salt: not a valid salt (got {describe_value(self.cache_salt)}); "
                 "allowed: 1-256 printable ASCII characters without spaces"
             )
 
@@ -58,9 +58,9 @@ def routing_identity(tenant: str, application: str | None, key: bytes) -> Routin
     Raises :class:`ValueError` for an empty tenant or application, a non-string, or a short key.
     """
     if not isinstance(tenant, str) or not tenant:
-        raise ValueError(f"tenant: must be a non-empty string (got {_describe(tenant)})")
+        raise ValueError(f"tenant: must be a non-empty string (got {describe_value(tenant)})")
     if application is not None and (not isinstance(application, str) or not application):
-        raise ValueError(f"application: must be None or a non-empty string (got {_describe(application)})")
+        raise ValueError(f"application: must be None or a non-empty string (got {describe_value(application)})")
     if not isinstance(key, (bytes, bytearray, memoryview)) or len(key) < 16:
         raise ValueError("key: must be at least 16 bytes of secret key material")
     try:

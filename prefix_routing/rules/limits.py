@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Final, Mapping
 
-from prefix_routing.rules.errors import _describe
+from prefix_routing.rules.errors import describe_value
 from prefix_routing.rules.telemetry import LIMIT_NAMES
 from prefix_routing.rules.tenant_match import first_match
 
@@ -80,7 +80,7 @@ class TenantLimits:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                       or not 1 <= value <= MAX_LIMIT):
-                raise ValueError(f"limits.{name}: got {_describe(value)}; allowed: a whole number from 1 to {MAX_LIMIT}")
+                raise ValueError(f"limits.{name}: got {describe_value(value)}; allowed: a whole number from 1 to {MAX_LIMIT}")
 
     @property
     def unlimited(self) -> bool:
@@ -114,20 +114,20 @@ class LimitSettings:
 
     def __post_init__(self) -> None:
         if self.on_store_error not in STORE_ERROR_MODES:
-            raise ValueError(f"limits.on_store_error: got {_describe(self.on_store_error)}; allowed: open or closed")
+            raise ValueError(f"limits.on_store_error: got {describe_value(self.on_store_error)}; allowed: open or closed")
         if not isinstance(self.store_timeout_ms, int) or not 5 <= self.store_timeout_ms <= 5000:
-            raise ValueError(f"limits.store_timeout_ms: got {_describe(self.store_timeout_ms)}; allowed: 5 to 5000")
+            raise ValueError(f"limits.store_timeout_ms: got {describe_value(self.store_timeout_ms)}; allowed: 5 to 5000")
         if not isinstance(self.lease_s, int) or not MIN_LEASE_S <= self.lease_s <= MAX_LEASE_S:
-            raise ValueError(f"limits.lease_s: got {_describe(self.lease_s)}; allowed: {MIN_LEASE_S} to {MAX_LEASE_S}")
+            raise ValueError(f"limits.lease_s: got {describe_value(self.lease_s)}; allowed: {MIN_LEASE_S} to {MAX_LEASE_S}")
         if (not isinstance(self.default_max_tokens, int) or isinstance(self.default_max_tokens, bool)
                 or not 1 <= self.default_max_tokens <= MAX_LIMIT):
-            raise ValueError(f"limits.default_max_tokens: got {_describe(self.default_max_tokens)}; "
+            raise ValueError(f"limits.default_max_tokens: got {describe_value(self.default_max_tokens)}; "
                              f"allowed: a whole number from 1 to {MAX_LIMIT}")
         if len(self.tenants) > MAX_OVERRIDES:
             raise ValueError(f"limits.tenants: {len(self.tenants)} overrides; allowed: at most {MAX_OVERRIDES}")
         for pattern, _ in self.tenants:
             if not isinstance(pattern, str) or not 1 <= len(pattern) <= MAX_PATTERN or not pattern.isprintable():
-                raise ValueError(f"limits.tenants: key {_describe(pattern)}; allowed: a tenant id or pattern of "
+                raise ValueError(f"limits.tenants: key {describe_value(pattern)}; allowed: a tenant id or pattern of "
                                  f"1-{MAX_PATTERN} printable characters")
 
     @property
@@ -180,7 +180,7 @@ class LimitSettings:
 
 def _limits(data: Any) -> TenantLimits:
     if not isinstance(data, Mapping) or set(data) - set(LIMIT_NAMES):
-        raise ValueError(f"limits: {_describe(data)}; allowed: an object of {', '.join(LIMIT_NAMES)}")
+        raise ValueError(f"limits: {describe_value(data)}; allowed: an object of {', '.join(LIMIT_NAMES)}")
     return TenantLimits(**dict(data))
 
 

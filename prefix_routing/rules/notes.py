@@ -5,16 +5,16 @@ from __future__ import annotations
 import json
 from typing import Final
 
-from prefix_routing.rules.constants import _IDENTIFIER_RE
+from prefix_routing.rules.constants import IDENTIFIER_RE
 
 
-def _path(parts: tuple) -> str:
+def json_path(parts: tuple) -> str:
     """A JSON path such as ``messages[2].content``; very deep paths keep their first and last 8 steps."""
     out = []
     for part in parts:
         if isinstance(part, int):
             out.append(f"[{part}]")
-        elif _IDENTIFIER_RE.fullmatch(part):
+        elif IDENTIFIER_RE.fullmatch(part):
             out.append(f".{part}" if out else part)
         else:
             out.append(f"[{json.dumps(part[:40], ensure_ascii=True)}]")
@@ -31,7 +31,7 @@ _TEXT_RULES: Final = (
 )
 
 
-class _Notes:
+class Notes:
     __slots__ = ("text", "other")
 
     def __init__(self) -> None:

@@ -7,9 +7,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from prefix_routing.rules.constants import _BOM
+from prefix_routing.rules.constants import UTF8_BOM
 from prefix_routing.rules.errors import NormalizationError
-from prefix_routing.rules.notes import _Notes, _path
+from prefix_routing.rules.notes import Notes, json_path
 from prefix_routing.rules.settings import NormalizerSettings
 
 
@@ -24,7 +24,7 @@ class _NonFinite:
         self.literal = literal
 
 
-def _find(root: Any, predicate) -> tuple | None:
+def find_path(root: Any, predicate) -> tuple | None:
     """Depth-first, document order: the path of the first node for which predicate is true."""
     stack: list[tuple[Any, tuple]] = [(root, ())]
     while stack:
@@ -55,16 +55,16 @@ def _too_deep_path(root: Any, max_depth: int) -> tuple | None:
     return None
 
 
-def _too_deep(field_path: str, max_depth: int) -> NormalizationError:
+def too_deep_error(field_path: str, max_depth: int) -> NormalizationError:
     return NormalizationError(field_path, f"JSON nested deeper than {max_depth} levels",
                               allowed=f"at most {max_depth} levels of objects and lists", code="too_deep")
 
 
-def _parse_bytes(body: bytes, settings: NormalizerSettings, notes: _Notes) -> dict:
+def _parse_bytes(body: bytes, settings: NormalizerSettings, notes: Notes) -> dict:
     if len(body) > settings.max_body_bytes:
         raise NormalizationError("body", f"too large: {len(body)} bytes",
                                  allowed=f"at most {settings.max_body_bytes} bytes", code="too_large")
-    if body.startswith(_BOM):
+    if body.startswith(UTF8_BOM):
         body = body[3:]
         notes.other.append("removed a UTF-8 byte order mark")
     try:
@@ -108,7 +108,7 @@ def _parse_text(text: str, settings: NormalizerSettings, brackets: int | None = 
         data = json.JSONDecoder(object_pairs_hook=pairs_hook, parse_constant=constant,
                                 parse_float=parse_float).decode(text)
     except RecursionError:
-        raise _too_deep("body", settings.max_depth) from None
+        raise too_deep_error("body", settings.max_depth) from None
     except json.JSONDecodeError as error:
         raise NormalizationError("body", f"invalid JSON: {error.msg} (line {error.lineno}, column {error.colno})",
                                  allowed="a JSON object (RFC 8259)", code="invalid_json") from None
@@ -117,17 +117,17 @@ def _parse_text(text: str, settings: NormalizerSettings, brackets: int | None = 
                                  allowed="numbers with at most 4300 digits", code="invalid_json") from None
     if flags:
         if "duplicate" in flags:
-            path = _find(data, lambda n: isinstance(n, _DuplicateKeys))
+            path = find_path(data, lambda n: isinstance(n, _DuplicateKeys))
             node = data
             for part in path:
                 node = node[part]
-            raise NormalizationError(_path(path), f"duplicate key {json.dumps(node.duplicate[:40])}",
+            raise NormalizationError(json_path(path), f"duplicate key {json.dumps(node.duplicate[:40])}",
                                      allowed="each key at most once per object", code="duplicate_key")
-        path = _find(data, lambda n: isinstance(n, _NonFinite))
+        path = find_path(data, lambda n: isinstance(n, _NonFinite))
         node = data
         for part in path:
             node = node[part]
-        raise NormalizationError(_path(path), f"non-finite number {node.literal[:40]}",
+        raise NormalizationError(json_path(path), f"non-finite number {node.literal[:40]}",
                                  allowed="finite JSON numbers (no NaN, Infinity or overflowing exponents)",
                                  code="non_finite_number")
     if not isinstance(data, dict):
@@ -137,7 +137,7 @@ def _parse_text(text: str, settings: NormalizerSettings, brackets: int | None = 
     if brackets > settings.max_depth:  # depth <= number of opening brackets: no walk needed
         path = _too_deep_path(data, settings.max_depth)
         if path is not None:
-            raise _too_deep(_path(path), settings.max_depth)
+            raise too_deep_error(json_path(path), settings.max_depth)
     return data
 
 
@@ -149,30 +149,30 @@ def _from_python(value: Any, depth: int, max_depth: int, path: tuple) -> Any:
         return value
     if isinstance(value, int):
         if value.bit_length() > 14000:  # str(int) refuses more than 4300 digits
-            raise NormalizationError(_path(path), "integer too large", allowed="integers of at most 4200 digits")
+            raise NormalizationError(json_path(path), "integer too large", allowed="integers of at most 4200 digits")
         return int(value)
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise NormalizationError(_path(path), "non-finite number", value=value,
+            raise NormalizationError(json_path(path), "non-finite number", value=value,
                                      allowed="finite numbers", code="non_finite_number")
         return float(value)
     if isinstance(value, (Mapping, list, tuple)):
         if depth > max_depth:
-            raise _too_deep(_path(path), max_depth)
+            raise too_deep_error(json_path(path), max_depth)
         if isinstance(value, Mapping):
             result = {}
             for key, item in value.items():
                 if not isinstance(key, str):
-                    raise NormalizationError(_path(path), "object key is not a string", value=key,
+                    raise NormalizationError(json_path(path), "object key is not a string", value=key,
                                              allowed="string keys")
                 result[key] = _from_python(item, depth + 1, max_depth, path + (key,))
             return result
         return [_from_python(item, depth + 1, max_depth, path + (i,)) for i, item in enumerate(value)]
-    raise NormalizationError(_path(path), "not a JSON value", value=value,
+    raise NormalizationError(json_path(path), "not a JSON value", value=value,
                              allowed="dict, list, str, int, float, bool or None")
 
 
-def _load(body: Any, settings: NormalizerSettings, notes: _Notes) -> dict:
+def load_body(body: Any, settings: NormalizerSettings, notes: Notes) -> dict:
     if isinstance(body, (bytes, bytearray, memoryview)):
         return _parse_bytes(bytes(body), settings, notes)
     if isinstance(body, str):

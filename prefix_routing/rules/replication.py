@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass
 from typing import Hashable
 
-from prefix_routing.rules.errors import _describe
+from prefix_routing.rules.errors import describe_value
 
 MAX_ROUTING_ID = 64  # PrefixAwareId: 1-64 characters (SageMaker's pattern \A\S[\p{Print}]*\z)
 _RESCALE_AT = 2.0**500  # weights are renormalized before floats lose range (2^1024)
@@ -73,7 +73,7 @@ class ReplicationSettings:
         )
         for name, ok, allowed in checks:
             if not ok:
-                raise ValueError(f"replication.{name}: got {_describe(getattr(self, name))}; allowed: {allowed}")
+                raise ValueError(f"replication.{name}: got {describe_value(getattr(self, name))}; allowed: {allowed}")
 
 
 def replica_count(share: float, copies: int, settings: ReplicationSettings) -> int:

@@ -9,7 +9,7 @@ and a sampled key arrives with all its requests (the unit a miniature simulation
 A prefix the replication rule counts as hot (rules/replication.py) is logged with ``sample_hot``:
 its lines match every sample, so a hotspot is never sampled away because its one key's bucket fell
 outside. A reader weighs those lines as read at rate 1 (it keeps one in 1/R of a hot key outside
-the sample: ``lab.sampling.SourceSample``), the others as read at rate R.
+the sample: ``lab.source_sample.SourceSample``), the others as read at rate R.
 
 Standard library only: the front door, the advisor's function and the lab import it.
 """

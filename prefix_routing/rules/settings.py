@@ -10,7 +10,7 @@ from os import PathLike
 from typing import Any, Final
 
 from prefix_routing.rules.constants import (
-    _RULE_NAME_RE,
+    RULE_NAME_RE,
     BLOCK_BYTES_MAX,
     BLOCK_BYTES_MIN,
     FREEZE_PLACEMENTS,
@@ -45,7 +45,7 @@ class FreezeRule:
         self._validate("settings", "freeze_rules[]")
 
     def _validate(self, source: str, where: str) -> None:
-        if not isinstance(self.name, str) or not _RULE_NAME_RE.fullmatch(self.name):
+        if not isinstance(self.name, str) or not RULE_NAME_RE.fullmatch(self.name):
             raise SettingsError(
                 source, f"{where}.name", "not a valid rule name", value=self.name,
                 allowed="1-40 characters: a letter, then letters, digits, '_' or '-'",
@@ -175,4 +175,4 @@ def _settings_pairs(pairs):
     return result
 
 
-_DEFAULT_SETTINGS: Final = NormalizerSettings()
+DEFAULT_SETTINGS: Final = NormalizerSettings()

@@ -2,25 +2,25 @@
 
 from __future__ import annotations
 
-from prefix_routing.rules.constants import _LINEWISE_MIN, _NFC
-from prefix_routing.rules.notes import _Notes
+from prefix_routing.rules.constants import LINEWISE_MIN, to_nfc
+from prefix_routing.rules.notes import Notes
 
 
 def normalize_text(text: str, *, system: bool = False) -> str:
     """The text rules applied to prompt text (``system=True`` also strips the end of a system prompt)."""
-    return _text_rules(text, system, None, "")
+    return text_rules(text, system, None, "")
 
 
-def _text_rules(text: str, system: bool, notes: _Notes | None, path: str) -> str:
+def text_rules(text: str, system: bool, notes: Notes | None, path: str) -> str:
     # CR first: "\r" and "\n" are starters that compose with nothing, so the order with NFC is free,
     # and "\n" is a safe boundary for NFC: normalizing line by line equals normalizing the whole.
     if "\r" in text:
         text = text.replace("\r\n", "\n").replace("\r", "\n")
         if notes is not None:
             notes.add_text("cr", path)
-    if len(text) < _LINEWISE_MIN:
+    if len(text) < LINEWISE_MIN:
         if not text.isascii():
-            normal = _NFC(text)
+            normal = to_nfc(text)
             if normal != text:
                 text = normal
                 if notes is not None:
@@ -35,7 +35,7 @@ def _text_rules(text: str, system: bool, notes: _Notes | None, path: str) -> str
         # text (unicodedata returns a line that passes its quick check as the same object), and
         # rstrip looks at line ends only instead of searching the whole text twice.
         lines = text.split("\n")
-        normal = lines if text.isascii() else list(map(_NFC, lines))
+        normal = lines if text.isascii() else list(map(to_nfc, lines))
         stripped = [line.rstrip(" \t") for line in normal]
         stripped[-1] = normal[-1]  # the end of the text is not a line end
         if stripped != lines:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator, model_validator
 
 from prefix_routing.stage.section import Section, allowed
+from prefix_routing.stage.value_checks import checked_s3_uri
 
 #: The folders under ``s3_uri``: what the job reads, and what it writes.
 WORKLOADS_FOLDER = "workloads/"
@@ -60,10 +61,7 @@ class BenchmarkSettings(Section):
     @field_validator("s3_uri")
     @classmethod
     def _s3_uri(cls, value: str | None) -> str | None:
-        # The same rules as model.model_s3_uri (config.py); imported here, once config.py is loaded.
-        from prefix_routing.stage.config import checked_s3_uri
-
-        return checked_s3_uri(value)
+        return checked_s3_uri(value)  # the same rules as model.model_s3_uri
 
     @model_validator(mode="after")
     def _needs_s3_uri(self) -> "BenchmarkSettings":

@@ -8,13 +8,9 @@ tenant key's, which are the deployment's own); ``emulate --front-door`` reads th
 from __future__ import annotations
 
 from prefix_routing.rules.domains import TrustDomains
-from prefix_routing.stage.config import (
-    EndpointSettings,
-    LimitsSettings,
-    NormalizerFunctionSettings,
-    RoutingSettings,
-    StageConfig,
-)
+from prefix_routing.stage.config import StageConfig
+from prefix_routing.stage.endpoint_sections import EndpointSettings, RoutingSettings
+from prefix_routing.stage.front_door_sections import LimitsSettings, NormalizerFunctionSettings
 
 #: Seconds kept between the front door's own deadline and Lambda's timeout, to answer 504 and log.
 DEADLINE_MARGIN_S = 5

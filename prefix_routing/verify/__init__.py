@@ -74,17 +74,12 @@ def verify_stage(config: StageConfig, clients: Clients, *, sender_for: Any = Non
 def run_verify(config: StageConfig, *, profile: str | None = None, region: str | None = None,
                invoke: bool = False) -> list[Check]:
     """``verify_stage`` with the operator's credentials (boto3's usual chain, or ``profile``)."""
-    import boto3
-    from botocore.exceptions import BotoCoreError, ProfileNotFound
+    from botocore.exceptions import BotoCoreError
 
     from prefix_routing.loadtest.http_targets import LambdaUrlTarget
+    from prefix_routing.verify.session import operator_session
 
-    try:
-        session = boto3.Session(profile_name=profile, region_name=region or config.region)
-    except ProfileNotFound as error:
-        raise UserError(str(error)) from None
-    if not session.region_name:
-        raise UserError("no region: pass --region, or set one in the stage file or your AWS configuration")
+    session = operator_session(profile=profile, region=region or config.region)
 
     def sender_for(url: str):
         return LambdaUrlTarget(url, region=session.region_name, credentials=session.get_credentials()).send

@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 from prefix_routing.stage.config import StageConfig
-from prefix_routing.stage.domains import ComponentPlan
+from prefix_routing.stage.domain_checks import ComponentPlan
 from prefix_routing.verify.report import Check, fail, ok, unknown
 
 _DENIED = ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation")

@@ -25,7 +25,7 @@ REQUIRED_ENVIRONMENT = ("ENDPOINT_NAME", "INFERENCE_COMPONENT_NAME", "TENANT_KEY
                         "AWS_LAMBDA_EXEC_WRAPPER", "AWS_LWA_INVOKE_MODE")
 #: Fields of the request log line that the saved queries and the Contributor Insights rules read.
 QUERIED_FIELDS = (LogField.MESSAGE, LogField.TENANT, LogField.PREFIX_FINGERPRINT, LogField.PROMPT_TOKENS,
-                  LogField.CACHED_TOKENS, LogField.TTFT_MS)
+                  LogField.CACHED_TOKENS, LogField.OUTPUT_TOKENS, LogField.TTFT_MS)
 ADAPTER_LAYER = ":layer:LambdaAdapterLayerArm64:"
 #: The principals IAM's policy simulator evaluates: roles and users (an account is not one principal).
 SIMULATED_PRINCIPAL = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/")

@@ -39,7 +39,7 @@ class RoutingAlarms(Construct):
     alarm that notifies) and ``rollback`` (the error-rate and TTFT alarms a rolling update watches).
 
     The TTFT, error-rate and engine alarms have fixed names, ``<component_name>-<suffix>``
-    (``prefix_routing.stage.config.alarm_name``): the component's DeploymentConfig in the endpoint
+    (``prefix_routing.stage.observability_sections.alarm_name``): the component's DeploymentConfig in the endpoint
     stack names the first two, verify the engine-metrics alarm.
     """
 
@@ -174,7 +174,7 @@ class RoutingAlarms(Construct):
         self._fix_name(self.ttft_p50, component_name, TTFT_P50_ALARM)
         self._fix_name(self.error_rate, component_name, ERROR_RATE_ALARM)
         self.engine_hit_rate, self.engine_metrics_missing = (
-            self._engine_alarms(engine, component_name, settings, topic) if engine is not None else (None, None))
+            engine_alarms(self, engine, component_name, settings, topic) if engine is not None else (None, None))
         self.rollback = [self.error_rate, self.ttft_p50]
         self.all = [
             a
@@ -197,45 +197,46 @@ class RoutingAlarms(Construct):
         """Give an alarm its fixed name, ``<component>-<alarm>`` (another stack or verify names it)."""
         created.node.default_child.alarm_name = alarm_name(component_name, alarm)
 
-    def _engine_alarms(self, engine: EngineMetrics, component_name: str, settings: AlarmSettings,
-                       topic: sns.ITopic) -> tuple[cloudwatch.PromQLAlarm, cloudwatch.PromQLAlarm]:
-        """The engine's own hit rate (vLLM under detailed observability): PromQL alarms, because its
-        counters are OpenTelemetry metrics. Every series a query returns breaches; the pending period
-        plays evaluation_periods' part."""
-        periods = settings.evaluation_periods
-        hold = Duration.minutes(periods)
-        hit_rate = cloudwatch.PromQLAlarm(
-            self,
-            "EngineHitRate",
-            alarm_name=alarm_name(component_name, ENGINE_HIT_RATE_ALARM),
-            query=engine.hit_rate_below(settings.minimum_hit_rate, periods),
-            evaluation_interval=Duration.minutes(1),
-            pending_period=hold,
-            recovery_period=hold,
-            alarm_description=(
-                f"The engine's own prefix-cache hit rate (vLLM's prefix-cache hits / queries, tokens) below "
-                f"{settings.minimum_hit_rate:g} for {periods} minutes: the copies find little of the prompts in "
-                "their KV caches (beside the front door's hit rate: a gap is traffic that bypasses it)."
-            ),
-        )
-        hit_rate.add_alarm_action(cw_actions.SnsAction(topic))
-        hit_rate.add_ok_action(cw_actions.SnsAction(topic))
-        # No actions: a wiring check (verify reads it). It is also in ALARM while the component has no
-        # copy (scaled to zero, or starting).
-        missing = cloudwatch.PromQLAlarm(
-            self,
-            "EngineMetricsMissing",
-            alarm_name=alarm_name(component_name, ENGINE_METRICS_ALARM),
-            query=engine.absent(),
-            evaluation_interval=Duration.minutes(1),
-            pending_period=hold,
-            recovery_period=Duration.minutes(1),
-            alarm_description=(
-                f"No {EngineMetrics.QUERIES} series (with or without {EngineMetrics.COUNTER_SUFFIX}) labelled with "
-                "this component: the engine hit-rate alarm "
-                "and widget have nothing to read (no copy serving, detailed observability off, or the metric is "
-                "published under another name: look it up in CloudWatch Query Studio and set EngineMetrics in "
-                "stacks/metrics.py). Notifies no one."
-            ),
-        )
-        return hit_rate, missing
+
+def engine_alarms(scope: Construct, engine: EngineMetrics, component_name: str, settings: AlarmSettings,
+                  topic: sns.ITopic) -> tuple[cloudwatch.PromQLAlarm, cloudwatch.PromQLAlarm]:
+    """``EngineHitRate`` and ``EngineMetricsMissing`` under ``scope``. The engine's own hit rate (vLLM
+    under detailed observability): PromQL alarms, because its counters are OpenTelemetry metrics. Every series a query returns breaches; the pending period
+    plays evaluation_periods' part."""
+    periods = settings.evaluation_periods
+    hold = Duration.minutes(periods)
+    hit_rate = cloudwatch.PromQLAlarm(
+        scope,
+        "EngineHitRate",
+        alarm_name=alarm_name(component_name, ENGINE_HIT_RATE_ALARM),
+        query=engine.hit_rate_below(settings.minimum_hit_rate, periods),
+        evaluation_interval=Duration.minutes(1),
+        pending_period=hold,
+        recovery_period=hold,
+        alarm_description=(
+            f"The engine's own prefix-cache hit rate (vLLM's prefix-cache hits / queries, tokens) below "
+            f"{settings.minimum_hit_rate:g} for {periods} minutes: the copies find little of the prompts in "
+            "their KV caches (beside the front door's hit rate: a gap is traffic that bypasses it)."
+        ),
+    )
+    hit_rate.add_alarm_action(cw_actions.SnsAction(topic))
+    hit_rate.add_ok_action(cw_actions.SnsAction(topic))
+    # No actions: a wiring check (verify reads it). It is also in ALARM while the component has no
+    # copy (scaled to zero, or starting).
+    missing = cloudwatch.PromQLAlarm(
+        scope,
+        "EngineMetricsMissing",
+        alarm_name=alarm_name(component_name, ENGINE_METRICS_ALARM),
+        query=engine.absent(),
+        evaluation_interval=Duration.minutes(1),
+        pending_period=hold,
+        recovery_period=Duration.minutes(1),
+        alarm_description=(
+            f"No {EngineMetrics.QUERIES} series (with or without {EngineMetrics.COUNTER_SUFFIX}) labelled with "
+            "this component: the engine hit-rate alarm "
+            "and widget have nothing to read (no copy serving, detailed observability off, or the metric is "
+            "published under another name: look it up in CloudWatch Query Studio and set EngineMetrics in "
+            "stacks/metrics.py). Notifies no one."
+        ),
+    )
+    return hit_rate, missing

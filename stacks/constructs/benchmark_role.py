@@ -5,6 +5,14 @@ SageMaker assumes it for the job. It may read the workloads the command uploads
 (``<s3_uri>workloads/``), write the job's results (``<s3_uri>results/``) and invoke this endpoint and
 its components; with ``hf_token_secret_arn``, read that one secret (a gated tokenizer's token).
 Nothing else: no other prefix, bucket, endpoint or SageMaker action.
+
+Benchmark jobs target an OpenAI-compatible chat completions API, and SageMaker's OpenAI-compatible
+path (``/endpoints/<name>/openai/v1/chat/completions``) authorizes its bearer token with
+``sagemaker:CallWithBearerToken`` besides ``sagemaker:InvokeEndpoint``
+(https://docs.aws.amazon.com/sagemaker/latest/dg/realtime-endpoints-openai-compatible.html). The
+action takes no resource type (the Service Authorization Reference lists none for it), so it is
+granted on ``*``: the token it allows can still invoke only what the invoke actions name. Whether a
+benchmark job calls through that path is not documented: granted so that it can.
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ from stacks.nag import acknowledge
 
 #: The two ways to call an endpoint (botocore's sagemaker-runtime operations); nothing of SageMaker's control plane.
 INVOKE_ACTIONS = ("sagemaker:InvokeEndpoint", "sagemaker:InvokeEndpointWithResponseStream")
+#: What SageMaker's OpenAI-compatible path asks of a bearer token's principal besides the invoke actions.
+BEARER_TOKEN_ACTION = "sagemaker:CallWithBearerToken"
 
 
 class BenchmarkRole(Construct):
@@ -46,6 +56,7 @@ class BenchmarkRole(Construct):
                                                     resources=[results]))
         self.role.add_to_policy(iam.PolicyStatement(actions=list(INVOKE_ACTIONS),
                                                     resources=[endpoint_arn, *component_arns]))
+        self.role.add_to_policy(iam.PolicyStatement(actions=[BEARER_TOKEN_ACTION], resources=["*"]))
         if settings.hf_token_secret_arn:
             self.role.add_to_policy(iam.PolicyStatement(actions=["secretsmanager:GetSecretValue"],
                                                         resources=[settings.hf_token_secret_arn]))
@@ -58,4 +69,11 @@ class BenchmarkRole(Construct):
             "else in the bucket.",
             f"Resource::arn:<AWS::Partition>:s3:::{settings.bucket}/{settings.workloads_prefix}*",
             f"Resource::arn:<AWS::Partition>:s3:::{settings.bucket}/{settings.results_prefix}*",
+        )
+        acknowledge(
+            policy,
+            "IAM5",
+            "sagemaker:CallWithBearerToken takes no resource type (IAM's Service Authorization Reference), so it can "
+            "only be granted on *; the bearer token it allows invokes only the endpoint and components named above.",
+            "Resource::*",
         )

@@ -16,7 +16,9 @@ from typing import Any
 
 from prefix_routing.stage.config import (DeploymentSettings, EndpointSettings, MetricsSettings, ModelSettings,
                                          RoutingSettings)
-from prefix_routing.stage.domains import ComponentPlan
+from prefix_routing.stage.ami import ami_for
+from prefix_routing.stage.domain_checks import ComponentPlan
+from prefix_routing.stage.observability_sections import rolls
 
 VARIANT_NAME = "AllTraffic"
 MODEL_DIR = "/opt/ml/model"  # where SageMaker puts ModelDataSource content
@@ -49,6 +51,12 @@ def container_environment(model: ModelSettings) -> dict[str, str]:
     return {**env, **model.environment}
 
 
+def log_group_names(endpoint_name: str, component_names: Sequence[str]) -> tuple[str, ...]:
+    """The log groups SageMaker writes an endpoint's and its components' container logs to."""
+    return (f"/aws/sagemaker/Endpoints/{endpoint_name}",
+            *(f"/aws/sagemaker/InferenceComponents/{name}" for name in component_names))
+
+
 class InferenceEndpoint(Construct):
     """Model, execution role, KMS key, endpoint config, endpoint and inference component.
 
@@ -57,11 +65,14 @@ class InferenceEndpoint(Construct):
     stage's primary component. Every component gets the endpoint's placement (``SchedulingConfig``)
     and data cache, and, with ``deployment.rolling_update``, a rolling ``DeploymentConfig`` that
     rolls back on the alarms ``rollback_alarms`` names for it (alarm names, not references: the
-    alarms live in the observability stack).
+    alarms live in the observability stack); a component that never has two copies gets none (a
+    batch is documented as 5-50 % of the copies; synth says so). Its endpoint config sets the
+    instances' AMI (``InferenceAmiVersion``), the stage's or its serving container's.
 
     Attributes: ``role``, ``volume_key``, ``cfn_model``, ``cfn_endpoint_config``, ``cfn_endpoint``,
     ``cfn_inference_components`` (component name → resource), ``cfn_inference_component`` (the
-    first's), ``endpoint_name``, ``component_name`` (the first's), ``endpoint_arn``, ``component_arn``.
+    first's), ``endpoint_name``, ``component_name`` (the first's), ``endpoint_arn``, ``component_arn``,
+    ``log_group_names`` (the container log groups the role may write).
     """
 
     def __init__(
@@ -96,8 +107,8 @@ class InferenceEndpoint(Construct):
         self.volume_key = kms.Key(
             self, "VolumeKey", enable_key_rotation=True, description=f"Storage volumes of endpoint {endpoint_name}"
         )
-        self.role = self._execution_role(model=model, endpoint_name=endpoint_name,
-                                         component_names=[plan.name for plan in components])
+        self.log_group_names = log_group_names(endpoint_name, [plan.name for plan in components])
+        self.role = execution_role(self, model=model, log_group_names=self.log_group_names)
         # Explicit actions: grant_encrypt_decrypt would add ReEncrypt* and GenerateDataKey* wildcards.
         self.volume_key.grant(
             self.role,
@@ -156,6 +167,9 @@ class InferenceEndpoint(Construct):
                     variant_name=VARIANT_NAME,
                     instance_type=endpoint.instance_type,
                     initial_instance_count=max(1, endpoint.instances_min),
+                    # The AMI sets the NVIDIA driver; SageMaker's default (535) cannot run an image built
+                    # for a newer CUDA (prefix_routing/stage/ami.py, with its sources).
+                    inference_ami_version=ami_for(model.framework, endpoint.inference_ami_version),
                     container_startup_health_check_timeout_in_seconds=model.startup_health_check_timeout_s,
                     model_data_download_timeout_in_seconds=model.startup_health_check_timeout_s,
                     managed_instance_scaling=sagemaker.CfnEndpointConfig.ManagedInstanceScalingProperty(
@@ -225,79 +239,78 @@ class InferenceEndpoint(Construct):
             runtime_config=sagemaker.CfnInferenceComponent.InferenceComponentRuntimeConfigProperty(
                 copy_count=max(1, plan.copies_min)
             ),
-            deployment_config=self._deployment_config(deployment, rollback_alarms),
+            deployment_config=deployment_config(deployment, rollback_alarms) if rolls(plan) else None,
         )
 
-    @staticmethod
-    def _deployment_config(deployment: DeploymentSettings, rollback_alarms: Sequence[str]) -> Any:
-        """A rolling update, batch by batch, rolled back on ``rollback_alarms`` (an
-        ``InferenceComponentDeploymentConfigProperty``; None: SageMaker's default update)."""
-        if not deployment.rolling_update:
-            return None
-        Cfn = sagemaker.CfnInferenceComponent
-        return Cfn.InferenceComponentDeploymentConfigProperty(
-            rolling_update_policy=Cfn.InferenceComponentRollingUpdatePolicyProperty(
-                maximum_batch_size=Cfn.InferenceComponentCapacitySizeProperty(
-                    type=deployment.batch_type, value=deployment.batch_size
-                ),
-                wait_interval_in_seconds=deployment.wait_interval_s,
-                maximum_execution_timeout_in_seconds=deployment.timeout_s,
+
+def deployment_config(deployment: DeploymentSettings, rollback_alarms: Sequence[str]) -> Any:
+    """A rolling update, batch by batch, rolled back on ``rollback_alarms`` (an
+    ``InferenceComponentDeploymentConfigProperty``; None: SageMaker's default update)."""
+    if not deployment.rolling_update:
+        return None
+    Cfn = sagemaker.CfnInferenceComponent
+    return Cfn.InferenceComponentDeploymentConfigProperty(
+        rolling_update_policy=Cfn.InferenceComponentRollingUpdatePolicyProperty(
+            maximum_batch_size=Cfn.InferenceComponentCapacitySizeProperty(
+                type=deployment.batch_type, value=deployment.batch_size
             ),
-            auto_rollback_configuration=Cfn.AutoRollbackConfigurationProperty(
-                alarms=[Cfn.AlarmProperty(alarm_name=name) for name in rollback_alarms]
-            ) if rollback_alarms else None,
-        )
+            wait_interval_in_seconds=deployment.wait_interval_s,
+            maximum_execution_timeout_in_seconds=deployment.timeout_s,
+        ),
+        auto_rollback_configuration=Cfn.AutoRollbackConfigurationProperty(
+            alarms=[Cfn.AlarmProperty(alarm_name=name) for name in rollback_alarms]
+        ) if rollback_alarms else None,
+    )
 
-    def _execution_role(self, *, model: ModelSettings, endpoint_name: str, component_names: list[str]) -> iam.Role:
-        """Pull of this one image, read of this model's S3 prefix, logs and metrics of this endpoint."""
-        stack = Stack.of(self)
-        role = iam.Role(self, "ExecutionRole", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"))
-        # The groups SageMaker writes this endpoint's and component's container logs to.
-        self.log_group_names = (f"/aws/sagemaker/Endpoints/{endpoint_name}",
-                                *(f"/aws/sagemaker/InferenceComponents/{name}" for name in component_names))
-        registry_account = stack.regional_fact(FactName.DLC_REPOSITORY_ACCOUNT)
+
+def execution_role(scope: Construct, *, model: ModelSettings, log_group_names: Sequence[str]) -> iam.Role:
+    """The endpoint's execution role, ``ExecutionRole`` under ``scope``: pull of this one image, read of
+    this model's S3 prefix, logs (to ``log_group_names``) and metrics of this endpoint."""
+    stack = Stack.of(scope)
+    role = iam.Role(scope, "ExecutionRole", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"))
+    registry_account = stack.regional_fact(FactName.DLC_REPOSITORY_ACCOUNT)
+    role.add_to_policy(
+        iam.PolicyStatement(
+            actions=["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"],
+            resources=[
+                f"arn:{Aws.PARTITION}:ecr:{Aws.REGION}:{registry_account}:repository/{model.image_repository}"
+            ],
+        )
+    )
+    # GetAuthorizationToken has no resource-level permissions: "*" is the only valid resource.
+    role.add_to_policy(iam.PolicyStatement(actions=["ecr:GetAuthorizationToken"], resources=["*"]))
+    if model.model_s3_uri:
+        bucket_arn = f"arn:{Aws.PARTITION}:s3:::{model.s3_bucket}"
+        role.add_to_policy(
+            iam.PolicyStatement(actions=["s3:GetObject"], resources=[f"{bucket_arn}/{model.s3_prefix}*"])
+        )
         role.add_to_policy(
             iam.PolicyStatement(
-                actions=["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"],
-                resources=[
-                    f"arn:{Aws.PARTITION}:ecr:{Aws.REGION}:{registry_account}:repository/{model.image_repository}"
-                ],
+                actions=["s3:ListBucket"],
+                resources=[bucket_arn],
+                conditions={"StringLike": {"s3:prefix": [f"{model.s3_prefix}*"]}},
             )
         )
-        # GetAuthorizationToken has no resource-level permissions: "*" is the only valid resource.
-        role.add_to_policy(iam.PolicyStatement(actions=["ecr:GetAuthorizationToken"], resources=["*"]))
-        if model.model_s3_uri:
-            bucket_arn = f"arn:{Aws.PARTITION}:s3:::{model.s3_bucket}"
-            role.add_to_policy(
-                iam.PolicyStatement(actions=["s3:GetObject"], resources=[f"{bucket_arn}/{model.s3_prefix}*"])
-            )
-            role.add_to_policy(
-                iam.PolicyStatement(
-                    actions=["s3:ListBucket"],
-                    resources=[bucket_arn],
-                    conditions={"StringLike": {"s3:prefix": [f"{model.s3_prefix}*"]}},
+    role.add_to_policy(
+        iam.PolicyStatement(
+            actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
+            resources=[
+                stack.format_arn(
+                    service="logs", resource="log-group", resource_name=group + suffix, arn_format=ArnFormat.COLON_RESOURCE_NAME
                 )
-            )
-        role.add_to_policy(
-            iam.PolicyStatement(
-                actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
-                resources=[
-                    stack.format_arn(
-                        service="logs", resource="log-group", resource_name=group + suffix, arn_format=ArnFormat.COLON_RESOURCE_NAME
-                    )
-                    for group in self.log_group_names
-                    for suffix in ("", ":*")
-                ],
-            )
+                for group in log_group_names
+                for suffix in ("", ":*")
+            ],
         )
-        # PutMetricData's one resource type (dataset) does not scope by namespace, so the resource stays
-        # "*" and a condition keeps it to SageMaker's container namespaces. Namespaces beginning with
-        # "AWS/" are reserved for AWS services: no role can write there, so none is listed.
-        role.add_to_policy(
-            iam.PolicyStatement(
-                actions=["cloudwatch:PutMetricData"],
-                resources=["*"],
-                conditions={"StringLike": {"cloudwatch:namespace": ["/aws/sagemaker/*"]}},
-            )
+    )
+    # PutMetricData's one resource type (dataset) does not scope by namespace, so the resource stays
+    # "*" and a condition keeps it to SageMaker's container namespaces. Namespaces beginning with
+    # "AWS/" are reserved for AWS services: no role can write there, so none is listed.
+    role.add_to_policy(
+        iam.PolicyStatement(
+            actions=["cloudwatch:PutMetricData"],
+            resources=["*"],
+            conditions={"StringLike": {"cloudwatch:namespace": ["/aws/sagemaker/*"]}},
         )
-        return role
+    )
+    return role

@@ -1,14 +1,14 @@
-"""What the Python functions' assets share: the library rooms copied in, bytecode for the runtime's
+"""What the Python functions' assets share: the library's subpackages copied in, bytecode for the runtime's
 Python, and log retention days.
 
 Assets are laid out by copying files (``ILocalBundling``), so synth needs neither Docker nor the
-network; each function copies only the rooms of ``prefix_routing`` it runs.
+network; each function copies only the subpackages of ``prefix_routing`` it runs.
 
 Bytecode. A function's Python compiles every module it imports on every cold start unless the asset
 carries ``.pyc`` files for exactly its version (``__pycache__/NAME.cpython-314.pyc`` for
-``python3.14``): ``/var/task`` is read-only, so nothing compiled there is kept. This machine's
-Python (3.11) cannot write 3.14 bytecode (the format changes with every minor version), and no
-CPython 3.14 for Linux comes from the registries these machines reach; Pyodide can: CPython 3.14
+``python3.14``): ``/var/task`` is read-only, so nothing compiled there is kept. The project's
+Python (3.11) cannot write 3.14 bytecode (the format changes with every minor version), and pip
+offers no CPython 3.14 for Linux to install beside it; Pyodide can: CPython 3.14
 compiled to WebAssembly, from the npm registry, run by the Node.js that the CDK needs anyway.
 :func:`compile_bytecode` runs its ``compileall`` over the laid-out asset. The files are
 *checked-hash* ``.pyc`` (PEP 552): they carry a hash of their source instead of its modification
@@ -156,7 +156,7 @@ def _prune_cache() -> None:
 
 
 def copy_library(out: Path, packages: tuple[str, ...], *, modules: dict[str, tuple[str, ...]] | None = None) -> None:
-    """``prefix_routing/__init__.py``, the rooms in ``packages`` whole, and of other rooms only the
+    """``prefix_routing/__init__.py``, the subpackages in ``packages`` whole, and of other subpackages only the
     ``modules`` named (e.g. ``{"stage": ("__init__.py", "presets.py")}``), into ``out``."""
     package = out / "prefix_routing"
     package.mkdir(exist_ok=True)

@@ -3,7 +3,7 @@ execution environment shares.
 
 One item per tenant for its stream leases and minute's counts (``tenant#<id>``,
 ``prefix_routing.frontdoor.limiter``), one per hot prefix for its replicas' in-flight counts
-(``replicas#<routing id>#<fingerprint>``, ``prefix_routing.frontdoor.steering``). On demand (the load is the front door's own), items
+(``replicas#<routing id>#<fingerprint>``, ``prefix_routing.frontdoor.steering_store``). On demand (the load is the front door's own), items
 expire by DynamoDB's TTL on ``expires_at``, encrypted with the AWS managed key.
 """
 

@@ -43,6 +43,21 @@ def top_prefixes_query(limit: int = 20) -> logs.QueryString:
     )
 
 
+def tenant_usage_query(limit: int = 20) -> logs.QueryString:
+    """Tenants by the prompt tokens they sent: requests, prompt, cached and completion tokens, the
+    cached share (the same fields and sums as ``python -m prefix_routing usage``)."""
+    return logs.QueryString(
+        filter_statements=[ONLY_REQUEST_LINES],
+        stats_statements=[
+            f"count(*) as requests, sum({F.PROMPT_TOKENS}) as prompt_tokens, sum({F.CACHED_TOKENS}) as cached_tokens, "
+            f"sum({F.OUTPUT_TOKENS}) as completion_tokens, sum({F.CACHED_TOKENS}) / sum({F.PROMPT_TOKENS}) "
+            f"as cached_share by {F.TENANT}"
+        ],
+        sort="prompt_tokens desc",
+        limit=limit,
+    )
+
+
 def contributor_rule_body(log_group_name: str, key_field: str, extra_filters: list[dict] | None = None) -> str:
     return json.dumps(
         {
@@ -60,7 +75,7 @@ def contributor_rule_body(log_group_name: str, key_field: str, extra_filters: li
 
 
 class RequestLogInsights(Construct):
-    """Attributes: ``reuse_query``, ``top_prefixes_query`` (``logs.QueryDefinition``),
+    """Attributes: ``reuse_query``, ``top_prefixes_query``, ``tenant_usage_query`` (``logs.QueryDefinition``),
     ``cfn_top_prefixes_rule``, ``cfn_top_tenants_rule``, ``cfn_top_throttled_tenants_rule`` (``CfnInsightRule``;
     None without limits)."""
 
@@ -79,6 +94,13 @@ class RequestLogInsights(Construct):
             "TopPrefixes",
             query_definition_name=f"{name_prefix}/top-prefixes",
             query_string=top_prefixes_query(),
+            log_groups=[log_group],
+        )
+        self.tenant_usage_query = logs.QueryDefinition(
+            self,
+            "TenantUsage",
+            query_definition_name=f"{name_prefix}/tenant-usage",
+            query_string=tenant_usage_query(),
             log_groups=[log_group],
         )
         self.cfn_top_prefixes_rule = cloudwatch.CfnInsightRule(

@@ -32,31 +32,25 @@ from aws_cdk import aws_dynamodb as dynamodb, aws_iam as iam, aws_lambda as lamb
 from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
-from prefix_routing.stage.domains import TrustDomains
+from prefix_routing.stage.domain_checks import TrustDomains
 from prefix_routing.stage.config import EndpointSettings, LimitsSettings, NormalizerFunctionSettings, RoutingSettings
 from prefix_routing.stage.front_door_env import function_environment
+# The AWS Lambda Web Adapter layer, pinned there (preflight checks that the region serves it).
+from prefix_routing.stage.web_adapter import LWA_LAYER_NAME, LWA_LAYER_VERSION  # noqa: F401 - the stack tests read them
+from prefix_routing.stage.web_adapter import web_adapter_layer_arn as layer_arn_in
 from stacks.constructs.lambda_assets import IGNORE, RETENTION, copy_library
 from stacks.nag import acknowledge
 
 ROOT = Path(__file__).resolve().parents[2]
 HANDLER_DIR = ROOT / "lambda" / "normalizer"
 VENDORED_DIR = ROOT / "build" / "lambda-python"
-# The rooms of the library the Lambda runs (the rules and the front door: standard library only, by
+# The subpackages of the library the Lambda runs (the rules and the front door: standard library only, by
 # the house rules) and the package's own __init__; never the lab, the emulator, the load tester or
 # the command line (tests/stacks/test_normalizer_function.py checks the asset).
 LIBRARY_PACKAGES = ("rules", "frontdoor")
 
-# AWS Lambda Web Adapter, published by AWS as a public layer in account 753240598075 of every
-# commercial region (arm64 name below; x86_64 is LambdaAdapterLayerX86). Version 30 is LWA 1.1.0:
-# the adapter's examples that use it pin 1.1.0 (its guide names 27 for 1.0.0, its README 28 for
-# 1.0.1; github.com/aws/aws-lambda-web-adapter). Pinned here and only here: bump it after testing;
-# `aws lambda get-layer-version-by-arn` shows what a region serves.
-LWA_LAYER_ACCOUNT = "753240598075"
-LWA_LAYER_NAME = "LambdaAdapterLayerArm64"
-LWA_LAYER_VERSION = 30
-
 #: What the limiter and the steering store do to their table (prefix_routing.frontdoor.limiter and
-#: .steering): no Scan, Query or DeleteItem.
+#: .steering_store): no Scan, Query or DeleteItem.
 LIMITS_TABLE_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")
 
 #: The handler is the adapter's start-up command, a path in the asset (not a module.function).
@@ -100,9 +94,7 @@ def normalizer_code() -> lambda_.Code:
 
 def web_adapter_layer_arn(scope: Construct) -> str:
     stack = Stack.of(scope)
-    return (
-        f"arn:{stack.partition}:lambda:{stack.region}:{LWA_LAYER_ACCOUNT}:layer:{LWA_LAYER_NAME}:{LWA_LAYER_VERSION}"
-    )
+    return layer_arn_in(stack.region, stack.partition)
 
 
 class NormalizerFunction(Construct):

@@ -8,7 +8,7 @@ rate), publish metrics only under the stage's namespace, describe only the
 stage's inference component, publish only to the stage's alarm topic, and read and write only its
 own SSM parameter, where the notification rule keeps its state between runs.
 
-The asset is ``lambda/advisor/`` plus the rooms of ``prefix_routing`` it runs (rules, the lab, the
+The asset is ``lambda/advisor/`` plus the subpackages of ``prefix_routing`` it runs (rules, the lab, the
 stage's preset tables, the advisor): a plain file copy, no numpy, no matplotlib, no pydantic (the
 lab's results and the presets are standard library only). boto3 is the runtime's: the advisor's
 calls are all older than the runtime.

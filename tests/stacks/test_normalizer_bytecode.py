@@ -48,7 +48,7 @@ def test_the_asset_carries_checked_hash_bytecode_of_its_runtimes_python(default_
     assert tag == "cpython-314"
     (asset,) = [p for p in Path(stacks.normalizer.node.root.outdir).glob("asset.*") if (p / "run.sh").is_file()]
     sources = [p for p in asset.rglob("*.py") if "__pycache__" not in p.parts]
-    assert len(sources) > 300  # the vendored SDK, the handler, the web app and the library rooms
+    assert len(sources) > 300  # the vendored SDK, the handler, the web app and the library's subpackages
     for source in sources:
         pyc = compiled_path(source, tag)
         assert pyc.is_file(), f"{source.relative_to(asset)} has no {pyc.name}"

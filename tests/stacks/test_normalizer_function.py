@@ -8,7 +8,7 @@ from pathlib import Path
 from prefix_routing.frontdoor.config import InvokeConfig
 from prefix_routing.stage.config import load_stage
 from stacks.constructs.normalizer_function import LWA_LAYER_NAME, LWA_LAYER_VERSION, ROOT
-from tests.test_architecture import imports_of, module_name, room_of
+from tests.test_architecture import imports_of, module_name, subpackage_of
 
 
 def _policy_statements(template):
@@ -85,12 +85,12 @@ def test_asset_carries_the_handler_and_the_stdlib_library(default_stage):
     assert "prefix_routing/rules/telemetry.py" in contents
     assert "prefix_routing/frontdoor/invoker.py" in contents and "prefix_routing/rules/body.py" in contents
     assert not any(c.startswith("prefix_routing/stage/") for c in contents)  # pydantic-based, synth only
-    for room in ("lab", "emulator", "loadtest", "cli"):
-        assert not any(c.startswith(f"prefix_routing/{room}/") for c in contents), room
-    # Only the rooms the Lambda runs (tests/test_architecture.py): the rules and the front door.
+    for subpackage in ("lab", "emulator", "loadtest", "cli"):
+        assert not any(c.startswith(f"prefix_routing/{subpackage}/") for c in contents), subpackage
+    # Only the subpackages the Lambda runs (tests/test_architecture.py): the rules and the front door.
     library = sorted(c for c in contents if c.startswith("prefix_routing/"))
-    rooms = {c: room_of(module_name(Path(c))) for c in library}
-    assert {room for room in rooms.values()} <= {"rules", "frontdoor", "package"}, rooms
+    subpackages = {c: subpackage_of(module_name(Path(c))) for c in library}
+    assert set(subpackages.values()) <= {"rules", "frontdoor", "package"}, subpackages
     # ... and everything they import of ours is there too.
     shipped = {module_name(Path(c)) for c in library}
     for c in library + ["handler.py", "server.py"]:

@@ -592,6 +592,7 @@ def test_an_hf_model_serves_prefix_aware_from_the_regional_dlc_image():
         "ProductionVariants": [{
             "VariantName": "AllTraffic", "InstanceType": "ml.g6e.12xlarge", "InitialInstanceCount": 1,
             "ContainerStartupHealthCheckTimeoutInSeconds": 1200, "ModelDataDownloadTimeoutInSeconds": 1200,
+            "InferenceAmiVersion": "al2-ami-sagemaker-inference-gpu-3-1",  # the vLLM container's (stage/ami.py)
             "ManagedInstanceScaling": {"Status": "ENABLED", "MinInstanceCount": 1, "MaxInstanceCount": 3,
                                        "ScaleInPolicy": {"Strategy": "CONSOLIDATION", "CooldownInMinutes": 20}},
             "RoutingConfig": {"RoutingStrategy": "PREFIX_AWARE",
@@ -727,6 +728,38 @@ def test_a_rolling_update_without_alarms_has_no_auto_rollback():
     assert endpoint_config["Properties"]["MetricsConfig"]["EnableDetailedObservability"] is True
 
 
+def _one_endpoint(config):
+    stack = Stack(App(), "Endpoint")
+    plans = config.components()
+    InferenceEndpoint(stack, "I", endpoint_name=EP, components=plans, model=config.model, endpoint=config.endpoint,
+                      routing=config.routing, metrics=config.metrics, deployment=config.deployment,
+                      rollback_alarms={plan.name: [] for plan in plans})
+    return Template.from_stack(stack)
+
+
+def test_a_component_that_never_has_two_copies_gets_no_rolling_update_and_synth_says_so():
+    data = json.loads(json.dumps(DEFAULT_STAGE_DATA))
+    data["endpoint"].update(copies_min=1, copies_max=1, instances_min=1, instances_max=1)
+    config = parse_stage(data, source="test")
+    (component,) = _one_endpoint(config).find_resources("AWS::SageMaker::InferenceComponent").values()
+    assert "DeploymentConfig" not in component["Properties"]
+    assert any("has at most 1 copy: it gets no rolling update" in line for line in config.warnings)
+    two = parse_stage(DEFAULT_STAGE_DATA, source="test")  # two copies or more: a rolling policy, no such line
+    assert not any("no rolling update" in line for line in two.warnings)
+
+
+@pytest.mark.parametrize(("chosen", "expected"), [
+    (None, "al2-ami-sagemaker-inference-gpu-3-1"),  # the vLLM container's own: AWS's deployment page for it
+    ("al2023-ami-sagemaker-inference-gpu-4-1", "al2023-ami-sagemaker-inference-gpu-4-1"),
+])
+def test_the_endpoint_config_sets_the_instances_ami(chosen, expected):
+    data = json.loads(json.dumps(DEFAULT_STAGE_DATA))
+    if chosen:
+        data["endpoint"]["inference_ami_version"] = chosen
+    (config,) = _one_endpoint(parse_stage(data, source="test")).find_resources("AWS::SageMaker::EndpointConfig").values()
+    assert config["Properties"]["ProductionVariants"][0]["InferenceAmiVersion"] == expected
+
+
 def test_every_component_needs_its_rollback_alarms_named():
     config = parse_stage(DEFAULT_STAGE_DATA, source="test")
     with pytest.raises(ValueError, match="rollback_alarms names no alarms list for default-prefix-llm-ic"):
@@ -766,7 +799,7 @@ REQUEST_LINES = f"filter {LogField.MESSAGE} = '{REQUEST_LOG_MESSAGE}'"
 def test_the_saved_queries_measure_prefix_reuse_and_rank_the_top_prefixes():
     _, found, group = _insights()
     by_name = {props["Name"]: (logical, props) for logical, props in found["Logs::QueryDefinition"].items()}
-    assert sorted(by_name) == [f"{EP}/prefix-reuse-share", f"{EP}/top-prefixes"]
+    assert sorted(by_name) == [f"{EP}/prefix-reuse-share", f"{EP}/tenant-usage", f"{EP}/top-prefixes"]
     reuse_id, reuse = by_name[f"{EP}/prefix-reuse-share"]
     top_id, top = by_name[f"{EP}/top-prefixes"]
     assert re.fullmatch("RPrefixReuse[0-9A-F]{8}", reuse_id) and re.fullmatch("RTopPrefixes[0-9A-F]{8}", top_id)
@@ -783,6 +816,14 @@ def test_the_saved_queries_measure_prefix_reuse_and_rank_the_top_prefixes():
         f"sum({LogField.PROMPT_TOKENS}) as hit_rate by {fingerprint}",
         "sort requests desc", "limit 20"]
     assert top_prefixes_query(5).to_string().endswith("\n| limit 5")
+    # Who used what: the same sums as the usage command, most prompt tokens first.
+    _, usage = by_name[f"{EP}/tenant-usage"]
+    assert usage["QueryString"].split("\n| ") == [
+        REQUEST_LINES,
+        f"stats count(*) as requests, sum({LogField.PROMPT_TOKENS}) as prompt_tokens, sum({LogField.CACHED_TOKENS}) "
+        f"as cached_tokens, sum({LogField.OUTPUT_TOKENS}) as completion_tokens, sum({LogField.CACHED_TOKENS}) / "
+        f"sum({LogField.PROMPT_TOKENS}) as cached_share by {LogField.TENANT}",
+        "sort prompt_tokens desc", "limit 20"]
 
 
 def _rule(props, group) -> dict:
@@ -814,7 +855,8 @@ def test_contributor_insights_rank_fingerprints_and_tenants_and_with_limits_the_
     stack = Stack.of(built)
     assert {stack.get_logical_id(rule) for rule in (built.cfn_top_prefixes_rule, built.cfn_top_tenants_rule,
                                                      built.cfn_top_throttled_tenants_rule)} == set(rules)
-    assert {stack.get_logical_id(q.node.default_child) for q in (built.reuse_query, built.top_prefixes_query)} == set(
+    assert {stack.get_logical_id(q.node.default_child)
+            for q in (built.reuse_query, built.top_prefixes_query, built.tenant_usage_query)} == set(
         found["Logs::QueryDefinition"])
 
 

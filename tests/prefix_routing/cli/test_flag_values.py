@@ -12,7 +12,7 @@ from argparse import ArgumentTypeError
 
 import pytest
 
-from prefix_routing.cli import advise, emulate, lab_args
+from prefix_routing.cli import advise, emulate, flag_values, lab_args
 from prefix_routing.cli import loadtest as loadtest_cli
 from prefix_routing.lab.autoscaling import AutoscalingSettings
 from prefix_routing.rules.errors import UserError
@@ -33,7 +33,7 @@ def test_an_age_that_is_not_positive_or_has_no_unit_is_refused(text):
 
 
 def test_a_ranged_integer_takes_its_bounds_and_names_them():
-    parse = lab_args._ranged_int("--copies", 1, 10)
+    parse = flag_values.ranged_int("--copies", 1, 10)
     assert (parse("1"), parse("10")) == (1, 10)
     for text, message in (("0", "0: must be from 1 to 10"), ("11", "11: must be from 1 to 10"),
                           ("2.5", "'2.5' is not an integer (allowed: 1 to 10)")):
@@ -42,7 +42,7 @@ def test_a_ranged_integer_takes_its_bounds_and_names_them():
 
 
 def test_a_positive_number_is_finite_and_above_zero():
-    parse = lab_args._positive_float("--rate")
+    parse = flag_values.positive_float("--rate")
     assert parse("0.25") == 0.25 and parse("1e3") == 1000.0
     for text, message in (("0", "0: must be a number > 0"), ("-2", "-2: must be a number > 0"),
                           ("inf", "inf: must be a number > 0"), ("nan", "nan: must be a number > 0"),
@@ -55,7 +55,7 @@ def test_a_positive_number_is_finite_and_above_zero():
                                           ("500000", 500_000), ("500k", 500_000), ("1.4M", 1_400_000),
                                           ("2m", 2_000_000), ("0", 0)])
 def test_a_cache_size_is_a_token_count_with_k_or_m_or_infinite(text, tokens):
-    assert lab_args.parse_cache_tokens(text) == tokens
+    assert flag_values.parse_cache_tokens(text) == tokens
 
 
 @pytest.mark.parametrize("text, message", [("-1", "'-1': must be >= 0"), ("nan", "'nan': must be >= 0"),
@@ -63,44 +63,44 @@ def test_a_cache_size_is_a_token_count_with_k_or_m_or_infinite(text, tokens):
                                            ("k", "'k': takes a token count")])
 def test_a_cache_size_that_is_no_count_is_refused(text, message):
     with pytest.raises(ArgumentTypeError, match=f"^{re_escape(message)}"):
-        lab_args.parse_cache_tokens(text)
+        flag_values.parse_cache_tokens(text)
 
 
 def test_slot_similarity_is_a_fraction_from_zero_to_one():
-    assert [lab_args._similarity(t) for t in ("0", "0.1", "1")] == [0.0, 0.1, 1.0]
+    assert [flag_values.similarity(t) for t in ("0", "0.1", "1")] == [0.0, 0.1, 1.0]
     for text, message in (("1.01", "1.01: must be from 0 to 1 (0 = off)"), ("-0.1", "-0.1: must be from 0 to 1"),
                           ("half", "'half' is not a number (allowed: 0 to 1)")):
         with pytest.raises(ArgumentTypeError, match=f"^{re_escape(message)}"):
-            lab_args._similarity(text)
+            flag_values.similarity(text)
 
 
 def test_cache_ram_is_mib_or_zero_or_minus_one():
-    assert [lab_args._cache_ram(t) for t in ("-1", "0", "64", "0.5")] == [-1.0, 0.0, 64.0, 0.5]
+    assert [flag_values.cache_ram(t) for t in ("-1", "0", "64", "0.5")] == [-1.0, 0.0, 64.0, 0.5]
     for text, message in (("-2", "-2: must be MiB >= 0 (0 = off) or -1 (no limit)"), ("-0.5", "-0.5: must be"),
                           ("inf", "inf: must be"), ("lots", "'lots' is not a number of MiB (0 = off, -1 = no limit)")):
         with pytest.raises(ArgumentTypeError, match=f"^{re_escape(message)}"):
-            lab_args._cache_ram(text)
+            flag_values.cache_ram(text)
 
 
 def test_a_time_is_epoch_milliseconds_or_iso_8601_in_utc_unless_it_says_otherwise():
     ten = calendar.timegm((2026, 11, 30, 10, 0, 0)) * 1000
-    assert lab_args._time_ms(None, 42) == 42
-    assert lab_args._time_ms("1796032800000", 0) == 1_796_032_800_000
-    assert lab_args._time_ms("2026-11-30T10:00:00Z", 0) == ten
-    assert lab_args._time_ms("2026-11-30T10:00:00", 0) == ten  # no zone: UTC
-    assert lab_args._time_ms("2026-11-30T11:00:00+01:00", 0) == ten
-    assert lab_args._time_ms("2026-11-30T10:00:00.250Z", 0) == ten + 250
+    assert flag_values.time_ms(None, 42) == 42
+    assert flag_values.time_ms("1796032800000", 0) == 1_796_032_800_000
+    assert flag_values.time_ms("2026-11-30T10:00:00Z", 0) == ten
+    assert flag_values.time_ms("2026-11-30T10:00:00", 0) == ten  # no zone: UTC
+    assert flag_values.time_ms("2026-11-30T11:00:00+01:00", 0) == ten
+    assert flag_values.time_ms("2026-11-30T10:00:00.250Z", 0) == ten + 250
     with pytest.raises(UserError, match=r"^time 'yesterday': use ISO 8601 \(2026-11-30T10:00:00Z\) or epoch"):
-        lab_args._time_ms("yesterday", 0)
+        flag_values.time_ms("yesterday", 0)
 
 
 def test_a_load_step_is_seconds_and_a_factor():
-    assert lab_args._load_step("1800:3") == (1800.0, 3.0)
-    assert lab_args._load_step("0:0.5") == (0.0, 0.5)
+    assert flag_values.load_step("1800:3") == (1800.0, 3.0)
+    assert flag_values.load_step("0:0.5") == (0.0, 0.5)
     for text, message in (("1800", "expected SECONDS:FACTOR, e.g. 1800:3"), ("a:3", "expected SECONDS:FACTOR"),
                           ("-1:3", "needs SECONDS >= 0 and FACTOR > 0"), ("60:0", "needs SECONDS >= 0 and FACTOR > 0")):
         with pytest.raises(UserError, match=f"^--load-step '{re_escape(text)}': {re_escape(message)}"):
-            lab_args._load_step(text)
+            flag_values.load_step(text)
 
 
 def test_a_load_tester_number_has_its_kind_and_its_floor():

@@ -220,10 +220,10 @@ def test_analyze_straight_from_cloudwatch(capsys, monkeypatch):
 def test_api_openai_counts_message_text_so_the_json_offset_does_not_apply():
     import argparse
 
-    from prefix_routing.cli import lab_args
+    from prefix_routing.cli import lab_args, trace_args
 
     parser = argparse.ArgumentParser()
-    lab_args.add_trace_arguments(parser)
+    trace_args.add_trace_arguments(parser)
     lab_args.add_fleet_arguments(parser, grid=False)
     # 4096-byte key, 2100 bytes of JSON before the prompt, 512-token blocks of 4 bytes (2048 bytes):
     # the invoke path keys on ceil((4096 - 2100) / 2048) = 1 block, the OpenAI path on 4096 / 2048 = 2.

@@ -20,7 +20,7 @@ from prefix_routing.emulator import engine_backend as eb
 from prefix_routing.emulator.backend import BackendResponse, ErrorReply, StreamFailure
 from prefix_routing.emulator.engine_backend import EngineBackend, engine_body
 from prefix_routing.emulator.engine_health import EngineHealth
-from prefix_routing.emulator.faults import Faults, _plan
+from prefix_routing.emulator.faults import Faults, plan_faults
 from prefix_routing.emulator.protocol import OP_CHAT_COMPLETIONS, OP_INVOKE, OP_INVOKE_STREAM, RequestHeaders, \
     RuntimeRequest
 from prefix_routing.rules.errors import UserError
@@ -735,13 +735,13 @@ def test_a_stream_faults_rate_alone_starts_at_the_first_chunk_and_its_count_alon
 def test_plans_count_requests_in_order_then_draw_by_rate():
     faults = Faults(throttle_first=2, error_first=1)
     rng = random.Random(0)
-    plans = [_plan(faults, i, rng) for i in range(4)]
+    plans = [plan_faults(faults, i, rng) for i in range(4)]
     assert [(p.throttle, p.error) for p in plans] == [(True, False), (True, False), (False, True), (False, False)]
 
 
 def test_every_plan_draws_six_numbers_whatever_is_enabled():
     rng, reference = random.Random(5), random.Random(5)
-    _plan(Faults(), 0, rng)
+    plan_faults(Faults(), 0, rng)
     for _ in range(6):
         reference.random()
     assert rng.random() == reference.random()
@@ -750,11 +750,11 @@ def test_every_plan_draws_six_numbers_whatever_is_enabled():
 def test_truncate_wins_over_a_stream_error_over_a_drop():
     rng = random.Random(1)
     everything = Faults(truncate_after=1, stream_error_after=2, drop_after=3, first_chunk_delay=0.5)
-    plan = _plan(everything, 0, rng)
+    plan = plan_faults(everything, 0, rng)
     assert (plan.truncate_after, plan.stream_error_after, plan.drop_after, plan.first_chunk_delay) == (1, None, None, 0.5)
-    plan = _plan(Faults(stream_error_after=2, drop_after=3), 0, rng)
+    plan = plan_faults(Faults(stream_error_after=2, drop_after=3), 0, rng)
     assert (plan.truncate_after, plan.stream_error_after, plan.drop_after) == (None, 2, None)
-    plan = _plan(Faults(drop_after=3), 0, rng)
+    plan = plan_faults(Faults(drop_after=3), 0, rng)
     assert plan.drop_after == 3 and not plan.throttle and not plan.error
 
 
@@ -768,12 +768,12 @@ def test_rates_are_compared_with_the_draws():
 
     half = Faults(throttle_rate=0.5, error_rate=0.5, truncate_after=0, truncate_rate=0.5, first_chunk_delay=1.0,
                   first_chunk_delay_rate=0.5)
-    low = _plan(half, 0, Draws(0.49))
+    low = plan_faults(half, 0, Draws(0.49))
     assert low.throttle and not low.error  # a throttled request is not also an error
     assert low.truncate_after == 0 and low.first_chunk_delay == 1.0
-    high = _plan(half, 0, Draws(0.5))
+    high = plan_faults(half, 0, Draws(0.5))
     assert not high.throttle and not high.error and high.truncate_after is None and high.first_chunk_delay == 0.0
-    errors = _plan(Faults(error_rate=0.5), 0, Draws(0.2))
+    errors = plan_faults(Faults(error_rate=0.5), 0, Draws(0.2))
     assert errors.error and not errors.throttle
 
 
@@ -885,30 +885,30 @@ def test_each_fault_has_its_own_draw(low, expected):
     draws = [0.9] * 6
     draws[low] = 0.1
     rng = Scripted(draws + [0.0])
-    plan = _plan(ALL_AT_HALF, 10, rng)
+    plan = plan_faults(ALL_AT_HALF, 10, rng)
     assert rng.taken == 6
     assert {name: getattr(plan, name) for name in expected} == expected
 
 
 def test_a_draw_equal_to_the_rate_applies_nothing_and_all_low_draws_apply_by_precedence():
     rng = Scripted([0.5] * 6 + [0.0])
-    plan = _plan(ALL_AT_HALF, 10, rng)
+    plan = plan_faults(ALL_AT_HALF, 10, rng)
     assert rng.taken == 6
     assert (plan.throttle, plan.error, plan.stream_error_after, plan.truncate_after, plan.drop_after,
             plan.first_chunk_delay) == (False, False, None, None, None, 0.0)
-    plan = _plan(ALL_AT_HALF, 10, Scripted([0.1] * 6))
+    plan = plan_faults(ALL_AT_HALF, 10, Scripted([0.1] * 6))
     # throttled, so no error; truncate wins over the stream error and the drop; the delay applies
     assert (plan.throttle, plan.error, plan.stream_error_after, plan.truncate_after, plan.drop_after,
             plan.first_chunk_delay) == (True, False, None, 3, None, 1.5)
     no_truncate = Faults(stream_error_after=2, drop_after=4)
-    plan = _plan(no_truncate, 0, Scripted([0.1] * 6))
+    plan = plan_faults(no_truncate, 0, Scripted([0.1] * 6))
     assert (plan.stream_error_after, plan.drop_after) == (2, None)  # the stream error wins over the drop
-    plan = _plan(Faults(drop_after=4, drop_rate=0.5), 0, Scripted([0.1] * 6))
+    plan = plan_faults(Faults(drop_after=4, drop_rate=0.5), 0, Scripted([0.1] * 6))
     assert (plan.truncate_after, plan.stream_error_after, plan.drop_after) == (None, None, 4)
 
 
 @pytest.mark.parametrize("index, throttle, error", [(0, True, False), (1, True, False), (2, False, True),
                                                     (3, False, True), (4, False, False), (5, False, False)])
 def test_counts_throttle_the_first_k_then_error_the_next_k(index, throttle, error):
-    plan = _plan(Faults(throttle_first=2, error_first=2), index, Scripted([0.9] * 6))
+    plan = plan_faults(Faults(throttle_first=2, error_first=2), index, Scripted([0.9] * 6))
     assert (plan.throttle, plan.error) == (throttle, error)

@@ -115,7 +115,7 @@ def test_backoff_is_bounded_and_jittered():
     low = frontdoor.Invoker(FakeRuntime(), config(), KEY, emit=lambda line: None, jitter=lambda: 0.0)
     assert low.upstream.backoff(1) == pytest.approx(0.05)
     rng = random.Random(3)
-    values = [upstream._jitter() for _ in range(200)] + [rng.random()]
+    values = [upstream.random_jitter() for _ in range(200)] + [rng.random()]
     assert all(0 <= v < 1 for v in values)
 
 

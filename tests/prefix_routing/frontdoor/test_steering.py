@@ -1,4 +1,4 @@
-"""Replica steering at the front door with a store in memory (prefix_routing.frontdoor.steering and
+"""Replica steering at the front door with a store in memory (prefix_routing.frontdoor.steering_store and
 its use by Replicas and the invoker).
 
 Expected replicas are worked out by hand from rules/steering.py: the fewest in flight, then the fewest
@@ -17,7 +17,7 @@ import pytest
 
 from prefix_routing import frontdoor
 from prefix_routing.frontdoor.record import RequestRecord
-from prefix_routing.frontdoor.steering import MAX_ROUNDS, Steering, item_key, state_from_item, state_to_item
+from prefix_routing.frontdoor.steering_store import MAX_ROUNDS, Steering, item_key, state_from_item, state_to_item
 from prefix_routing.rules import telemetry
 from prefix_routing.rules.steering import HotPrefixState, ReplicaSlot
 from tests.prefix_routing.frontdoor.conftest import KEY, FakeRuntime, sse_chunks, url_event

@@ -16,7 +16,7 @@ import pytest
 from prefix_routing import frontdoor
 from prefix_routing.frontdoor.local import create_limits_table, limits_client
 from prefix_routing.frontdoor.record import RequestRecord
-from prefix_routing.frontdoor.steering import KEY, DynamoSteeringStore, Steering, item_key
+from prefix_routing.frontdoor.steering_store import KEY, DynamoSteeringStore, Steering, item_key
 from tests.prefix_routing.frontdoor.test_replicas import replicating
 
 NOW = 1_795_999_990.0

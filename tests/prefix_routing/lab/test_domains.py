@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from prefix_routing.lab.domains import domain_fleets, domain_of_tenants, price_of_isolation, subset
+from prefix_routing.lab.isolation_price import domain_fleets, domain_of_tenants, price_of_isolation, subset
 from prefix_routing.lab.fleet_config import FleetConfig
 from prefix_routing.lab.traces import Trace
 from prefix_routing.rules.errors import UserError

@@ -56,7 +56,7 @@ def _same(trace, config, monkeypatch, *, chain_caches=None, **kw):
     ``chain_caches``: whether the inlined loop ended on chain caches (lab/chain_cache.py)."""
     run = _run(trace, config, monkeypatch, fast=True, **kw)
     if chain_caches is not None:
-        assert run.fleet._chained is chain_caches
+        assert run.fleet.caches.chained is chain_caches
     fast = _state(run)
     reference = _state(_run(trace, config, monkeypatch, fast=False, **kw))
     for a, b in zip(fast, reference):
@@ -122,7 +122,7 @@ def test_ids_that_are_not_chained(monkeypatch):
 @pytest.mark.parametrize("engine_block", [1, 3, 16])
 def test_token_sized_blocks_at_every_edge_of_the_whole_block_rule(monkeypatch, engine_block):
     """Trace blocks of one token and prompts that are a chain of them plus 0-2 tokens more: held reaches
-    the prompt, its last token and the one before, where vLLM's rule turns (lab/fleet.py whole_blocks_cached)."""
+    the prompt, its last token and the one before, where vLLM's rule turns (lab/copy_caches.py whole_blocks_cached)."""
     rng = random.Random(11)
     n, trunks = 300, [[rng.randrange(10**6) for _ in range(40)] for _ in range(5)]
     interned: dict = {}
@@ -145,18 +145,18 @@ def test_token_sized_blocks_at_every_edge_of_the_whole_block_rule(monkeypatch, e
 def test_a_producers_word_does_not_turn_caches_that_hold_blocks_into_chain_caches(mooncake_slice):
     sim = lab.Simulator(lab.config_for_trace(FleetConfig(instances=2, cache_tokens=50_000), mooncake_slice))
     sim.feed(mooncake_slice.head(10))  # the reader checked: chained
-    assert sim.fleet._chained
+    assert sim.fleet.caches.chained
     sim.feed(mooncake_slice.head(20))  # chained, but not said to be chained with the first: OrderedDicts
-    assert not sim.fleet._chained
+    assert not sim.fleet.caches.chained
     sim = lab.Simulator(sim.config)
     sim.feed(mooncake_slice.head(10))
     sim.feed(mooncake_slice.head(20), chained_with_earlier=True)  # (the same ids again: chained together)
-    assert sim.fleet._chained
+    assert sim.fleet.caches.chained
     sim.feed(Trace([60.0], [40], [5], [[1, 2, 1]], 16, None, None))  # not chained: OrderedDicts from now on
-    assert not sim.fleet._chained
+    assert not sim.fleet.caches.chained
     sim.feed(Trace([61.0], [40], [5], [[7, 8, 9]], 16, None, None, chained=True), chained_with_earlier=True)
-    assert not sim.fleet._chained and sim.fleet.cached_prefix_blocks(0, [7, 8, 9]) + \
-        sim.fleet.cached_prefix_blocks(1, [7, 8, 9]) == 3
+    assert not sim.fleet.caches.chained and sim.fleet.caches.cached_prefix_blocks(0, [7, 8, 9]) + \
+        sim.fleet.caches.cached_prefix_blocks(1, [7, 8, 9]) == 3
 
 
 @pytest.mark.parametrize("capacity", [2_000, None])
@@ -188,9 +188,9 @@ def test_the_sure_wait_bounds_the_engine_models_prefill_from_above():
 
 def test_a_fleet_turns_to_chain_caches_only_while_they_are_empty():
     fleet = lab.Simulator(FleetConfig(instances=2, cache_tokens=5_000)).fleet
-    assert fleet.use_chain_caches() is True and fleet._chained  # empty: yes
-    assert fleet.use_chain_caches() is True  # already
-    fleet.use_ordered_caches()
+    assert fleet.caches.use_chain_caches() is True and fleet.caches.chained  # empty: yes
+    assert fleet.caches.use_chain_caches() is True  # already
+    fleet.caches.use_ordered_caches()
     fleet._caches[1][7] = None  # a copy holds a block
-    assert fleet.use_chain_caches() is False and not fleet._chained
-    assert lab.Simulator(FleetConfig(instances=2, cache_tokens=math.inf)).fleet.use_chain_caches() is False
+    assert fleet.caches.use_chain_caches() is False and not fleet.caches.chained
+    assert lab.Simulator(FleetConfig(instances=2, cache_tokens=math.inf)).fleet.caches.use_chain_caches() is False

@@ -193,7 +193,7 @@ def test_cached_blocks_are_always_a_prefix_closed_set(requests, capacity):
         blocks = [tree * 100 + d for d in range(depth)]
         for d in range(1, depth):
             parent[blocks[d]] = blocks[d - 1]
-        held = fleet.cached_prefix_blocks(0, blocks) * 512
+        held = fleet.caches.cached_prefix_blocks(0, blocks) * 512
         expected = min(held, depth * 512 - 1) // 16 * 16  # vLLM: whole 16-token blocks, never the last token
         p = fleet.submit(Request(depth * 512, 1, blocks), float(t))
         assert p.cached_tokens == expected

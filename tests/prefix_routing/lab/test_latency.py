@@ -45,7 +45,7 @@ def test_a_timed_out_request_holds_its_place_and_leaves_no_trace_in_the_cache():
     assert (big.cached_tokens, big.per_token_s, big.finish_s, big.start_s) == (0, 0.0, 5.0, 0.0)
     stats = fleet.copy_stats()[0]
     assert (stats.requests, stats.timeouts, stats.prompt_tokens, stats.outstanding) == (1, 1, 0, 1)
-    assert fleet.timeouts == 1 and fleet.cached_prefix_blocks(0, [1, 2]) == 0
+    assert fleet.timeouts == 1 and fleet.caches.cached_prefix_blocks(0, [1, 2]) == 0
     # Its slot was never taken: the next request starts at once.
     small = fleet.submit(Request(100, 2, [7]), 0.1)
     assert small.start_s == 0.1 and not small.timed_out
@@ -97,7 +97,7 @@ def test_blocks_that_are_not_chained_are_touched_one_by_one():
     fleet.submit(Request(1024, 2, [1, 2]), 0.0)
     p = fleet.submit(Request(1536, 2, [5, 1, 2]), 1.0)
     assert p.cached_tokens == 0
-    assert fleet.cached_prefix_blocks(0, [5, 1, 2]) == 3
+    assert fleet.caches.cached_prefix_blocks(0, [5, 1, 2]) == 3
     assert list(fleet._caches[0]) == [2, 1, 5]  # touched tail first: the head is the most recent
     q = fleet.submit(Request(1536, 2, [1, 2, 7]), 2.0)
     assert q.cached_tokens == 1024

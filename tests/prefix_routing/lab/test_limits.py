@@ -1,5 +1,5 @@
 """Hostile values in traces and request logs: each line is skipped with a reason that names the field
-and the bound (prefix_routing/lab/limits.py), and the rest of the trace is read as before.
+and the bound (prefix_routing/lab/input_bounds.py), and the rest of the trace is read as before.
 
 Before the bounds, one request-log line with ``output_tokens: 10**12`` kept ``advise`` busy for
 hours (the CLI test below, in a subprocess with a deadline) and the readers took such values as
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from prefix_routing.lab import limits, traces
+from prefix_routing.lab import input_bounds, traces
 from prefix_routing.rules.errors import UserError
 from prefix_routing.rules.telemetry import REQUEST_LOG_MESSAGE, LogField
 
@@ -122,7 +122,7 @@ def test_a_body_rate_outside_its_range_is_one_clear_error(tmp_path):
 @pytest.mark.parametrize("compress", [False, True])
 def test_a_line_longer_than_a_body_can_be_is_skipped_without_holding_it(tmp_path, compress):
     rows = [json.dumps(log_line(i)) for i in range(10)]
-    rows[4] = json.dumps(log_line(4, padding="x" * (limits.MAX_LINE_BYTES + 10)))
+    rows[4] = json.dumps(log_line(4, padding="x" * (input_bounds.MAX_LINE_BYTES + 10)))
     text = "\n".join(rows) + "\n"
     path = tmp_path / ("log.jsonl.gz" if compress else "log.jsonl")
     if compress:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from prefix_routing.lab import sampling
+from prefix_routing.lab import sampling, source_sample
 from prefix_routing.lab.fleet_config import FleetConfig
 from prefix_routing.lab.routing import Strategy
 from prefix_routing.lab.simulate import simulate
@@ -160,7 +160,7 @@ def _log_line(bucket, hot=False, fingerprint="f1", routing_id="pa-a") -> dict:
 
 def test_a_source_sample_keeps_its_keys_and_one_in_1_over_r_of_a_hot_key_outside_it():
     # Rate 0.25: buckets below 2,500; a hot key outside keeps lines 1, 5, 9 of its 10 (one in 4, the first).
-    keep = sampling.SourceSample(0.25)
+    keep = source_sample.SourceSample(0.25)
     assert [keep.keep(_log_line(b)) for b in (2499, 0, 2499)] == [True] * 3
     assert [keep.keep(_log_line(2500, hot=True)) for _ in range(10)] == [True, False, False, False] * 2 + [True, False]
     # Each hot key counts its own lines: a second one starts with a kept line.
@@ -170,17 +170,17 @@ def test_a_source_sample_keeps_its_keys_and_one_in_1_over_r_of_a_hot_key_outside
     assert (keep.keyed, keep.hot_kept, keep.hot_thinned, keep.outside) == (3, 4, 7, 3)
     assert "their 11 lines thinned to 4 (one in 4)" in keep.note()
     # Two tenants' hot keys with one fingerprint count apart.
-    keep = sampling.SourceSample(0.5)
+    keep = source_sample.SourceSample(0.5)
     assert [keep.keep(_log_line(9000, hot=True, routing_id=r)) for r in ("pa-a", "pa-b", "pa-a", "pa-b")] == [
         True, True, False, False]
     # At 0.8 a hot key outside the sample keeps every line (round(1 / 0.8) = 1).
-    keep = sampling.SourceSample(0.8)
+    keep = source_sample.SourceSample(0.8)
     assert [keep.keep(_log_line(9000, hot=True)) for _ in range(3)] == [True] * 3
 
 
 def test_hot_keys_counted_are_bounded(monkeypatch):
-    monkeypatch.setattr(sampling, "MAX_HOT_KEYS", 2)
-    keep = sampling.SourceSample(0.5)
+    monkeypatch.setattr(source_sample, "MAX_HOT_KEYS", 2)
+    keep = source_sample.SourceSample(0.5)
     assert [keep.keep(_log_line(9000, hot=True, fingerprint=f)) for f in "abc"] == [True] * 3
     assert [keep.keep(_log_line(9000, hot=True, fingerprint="c")) for _ in range(3)] == [True] * 3  # past the bound: all
     assert [keep.keep(_log_line(9000, hot=True, fingerprint="a")) for _ in range(3)] == [False, True, False]

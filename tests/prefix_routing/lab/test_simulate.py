@@ -156,9 +156,9 @@ def test_hotspot_seconds_by_hand():
 
 
 def test_percentiles_interpolate_between_ranks_by_hand():
-    from prefix_routing.lab.common import _distribution, _percentiles
+    from prefix_routing.lab.percentiles import distribution, percentiles
 
     # 11 values 0..10: P50 is the 6th, P90 the 10th (9.0), P99 at rank 9.9: 9 + 0.9 × (10 − 9).
-    assert _percentiles([float(v) for v in range(10, -1, -1)]) == {"p50": 5.0, "p90": 9.0, "p99": pytest.approx(9.9)}
-    assert _percentiles([3.0, 1.0]) == {"p50": 2.0, "p90": pytest.approx(2.8), "p99": pytest.approx(2.98)}
-    assert _distribution([1, 2, 3, 10]) == {"mean": 4.0, "p50": 2.5, "p90": pytest.approx(7.9), "p99": pytest.approx(9.79), "max": 10.0}
+    assert percentiles([float(v) for v in range(10, -1, -1)]) == {"p50": 5.0, "p90": 9.0, "p99": pytest.approx(9.9)}
+    assert percentiles([3.0, 1.0]) == {"p50": 2.0, "p90": pytest.approx(2.8), "p99": pytest.approx(2.98)}
+    assert distribution([1, 2, 3, 10]) == {"mean": 4.0, "p50": 2.5, "p90": pytest.approx(7.9), "p99": pytest.approx(9.79), "max": 10.0}

@@ -294,7 +294,7 @@ def test_kv_aware_probes_the_slots():
     homes = [fleet.submit(Request(1024, 10, blocks), 0.0).instance for blocks in prompts]
     assert sorted(homes) == list(range(8))
     fleet.advance(100.0)
-    assert fleet.cached_prefix_blocks(homes[0], prompts[0]) == 64
+    assert fleet.caches.cached_prefix_blocks(homes[0], prompts[0]) == 64
     again = [fleet.submit(Request(1024, 10, blocks), 100.0) for blocks in prompts]
     assert [(p.instance, p.cached_tokens) for p in again] == [(g, 1023) for g in homes]
     assert fleet.copy_stats()[homes[0]].cached_blocks == 64

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from prefix_routing.lab.simulate import simulate
-from prefix_routing.lab.steering import SteeredReplicas
+from prefix_routing.lab.steered_replicas import SteeredReplicas
 from prefix_routing.lab.workloads import LongContextSpec, long_context_workload
 from prefix_routing.lab.routing import Strategy
 from prefix_routing.rules.replication import ReplicationSettings

@@ -1,5 +1,5 @@
 """The lab's vLLM copy caches as vLLM does: whole blocks of the engine's block size, never the prompt's
-last token (lab/fleet.py ``whole_blocks_cached``), and a prompt's token ids as the engine's chained blocks
+last token (lab/copy_caches.py ``whole_blocks_cached``), and a prompt's token ids as the engine's chained blocks
 (lab/token_blocks.py). Expected values: vLLM on this machine's CPU, measured (the shared reference
 vllm-cpu-engine.md), and hand computations."""
 
@@ -9,7 +9,8 @@ import math
 
 import pytest
 
-from prefix_routing.lab.fleet import Fleet, Request, whole_blocks_cached
+from prefix_routing.lab.copy_caches import whole_blocks_cached
+from prefix_routing.lab.fleet import Fleet, Request
 from prefix_routing.lab.fleet_config import FleetConfig
 from prefix_routing.lab.token_blocks import token_block_ids
 from prefix_routing.rules.errors import UserError

@@ -11,8 +11,8 @@ import socket
 
 import pytest
 
-from prefix_routing.loadtest.stream import Attempt, StreamParser, _classify_http, _describe, _error_text, \
-    _exception_kind, _expects_usage
+from prefix_routing.loadtest.stream import Attempt, StreamParser, classify_http, describe_error, _error_text, \
+    exception_kind, expects_usage
 
 
 def parsed(*chunks: bytes) -> StreamParser:
@@ -157,7 +157,7 @@ def test_a_null_error_is_no_error():
     (500, "InternalStreamFailure", "stream_error"), (503, "ServiceUnavailable", "http_503"), (400, None, "http_400"),
 ])
 def test_an_http_error_is_classified_by_its_code_then_its_status(status, code, kind):
-    assert _classify_http(status, code) == kind
+    assert classify_http(status, code) == kind
 
 
 class ReadTimeoutError(Exception):
@@ -179,7 +179,7 @@ class EndpointConnectionError(ValueError):
     (EndpointConnectionError("e"), "connection"), (ValueError("v"), "client_error"), (KeyError("k"), "client_error"),
 ])
 def test_an_exception_is_a_timeout_a_connection_error_or_the_clients(error, kind):
-    assert _exception_kind(error) == kind
+    assert exception_kind(error) == kind
 
 
 @pytest.mark.parametrize("body, expected", [
@@ -192,7 +192,7 @@ def test_an_exception_is_a_timeout_a_connection_error_or_the_clients(error, kind
     (b'{"messages": []}', False),
 ])
 def test_a_body_asks_for_usage_only_with_stream_options_include_usage_true(body, expected):
-    assert _expects_usage(body) is expected
+    assert expects_usage(body) is expected
 
 
 @pytest.mark.parametrize("name", ["ProtocolError", "ConnectionClosedError", "EndpointConnectionError",
@@ -201,8 +201,8 @@ def test_a_body_asks_for_usage_only_with_stream_options_include_usage_true(body,
 def test_the_http_libraries_connection_errors_are_connection_errors_by_name(name):
     # botocore's and urllib3's own classes derive from neither OSError nor http.client's exceptions
     stand_in = type(name, (Exception,), {})
-    assert _exception_kind(stand_in("lost")) == "connection"
-    assert _exception_kind(type(name + "Wrapper", (stand_in,), {})("lost")) == "connection"  # a subclass too
+    assert exception_kind(stand_in("lost")) == "connection"
+    assert exception_kind(type(name + "Wrapper", (stand_in,), {})("lost")) == "connection"  # a subclass too
 
 
 def test_a_tgi_final_event_with_odd_details_still_ends_with_stop():
@@ -248,9 +248,9 @@ def test_an_error_without_a_message_is_shown_as_json_cut_at_200_characters():
 
 
 def test_an_exception_is_described_by_its_class_and_its_text_on_one_line():
-    assert _describe(ValueError("first\nsecond ")) == "ValueError: first second"
-    assert _describe(ConnectionResetError()) == "ConnectionResetError"
-    assert _describe(OSError("o" * 400)) == "OSError: " + "o" * 300
+    assert describe_error(ValueError("first\nsecond ")) == "ValueError: first second"
+    assert describe_error(ConnectionResetError()) == "ConnectionResetError"
+    assert describe_error(OSError("o" * 400)) == "OSError: " + "o" * 300
 
 
 def test_an_attempt_takes_the_parsers_figures_and_its_verdict_unless_it_failed_already():

@@ -72,6 +72,21 @@ def test_the_embedded_default_is_valid_and_lets_routing_matter():
     assert config.instances_at_rest >= 2 and config.warnings == []
 
 
+def test_the_default_stage_is_its_file_wherever_stage_files_are_read_from(tmp_path):
+    import tomllib
+
+    from prefix_routing.stage.config import DEFAULT_STAGE_FILE
+
+    assert DEFAULT_STAGE_FILE.name == "default.toml" and DEFAULT_STAGE_FILE.parent.name == "config"
+    assert DEFAULT_STAGE_DATA == tomllib.loads(DEFAULT_STAGE_FILE.read_text(encoding="utf-8"))
+    # a folder of stage files without default.toml still has the default stage, and lists it once
+    from_file = load_stage("default", config_dir=DEFAULT_STAGE_FILE.parent)
+    assert load_stage("default", config_dir=tmp_path) == from_file == parse_stage(DEFAULT_STAGE_DATA, source="t")
+    (tmp_path / "prod.toml").write_text(DEFAULT_STAGE_FILE.read_text().replace('"default"', '"prod"'))
+    with pytest.raises(ConfigError, match=r"available stages: default, prod$"):
+        load_stage("nope", config_dir=tmp_path)
+
+
 def test_warning_when_one_copy_serves_at_rest():
     data = _with("endpoint.copies_min", 1)
     config = parse_stage(data, source="s.toml")

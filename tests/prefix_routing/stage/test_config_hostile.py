@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from prefix_routing.stage import config as stage_config
+from prefix_routing.stage import endpoint_sections, front_door_sections
 from prefix_routing.stage.config import DEFAULT_STAGE_DATA, ConfigError, StageConfig, load_stage, parse_stage
 from prefix_routing.stage.presets import INSTANCES
 
@@ -232,7 +232,7 @@ def test_the_request_log_line_of_the_largest_body_fits_one_cloudwatch_log_event(
     from prefix_routing.rules.identity import block_hashes
 
     block = parse_stage(_stage(normalizer={"block_bytes": 512}), source="s").normalizer.block_bytes
-    assert block == stage_config.BLOCK_BYTES_MIN == 512
+    assert block == front_door_sections.BLOCK_BYTES_MIN == 512
     body = bytes(range(256)) * (MAX_BODY_BYTES_LIMIT // 256)
     hashes = block_hashes(body, block)
     assert len(hashes) == 12_288  # 6,291,456 / 512, by hand
@@ -252,7 +252,7 @@ def test_the_request_log_line_of_the_largest_body_fits_one_cloudwatch_log_event(
     assert len(lines) == 2 and '"block_hashes":[' in lines[1]
     for line in lines:
         assert len(line.encode("utf-8")) + 26 <= 256 * 1024
-    assert len(lines[1].encode("utf-8")) - 233_473 < 16 * 1024  # the other fields, within config.py's allowance
+    assert len(lines[1].encode("utf-8")) - 233_473 < 16 * 1024  # the other fields, within front_door_sections.py's allowance
 
 
 # ------------------------------------------------------------------------------------- names, stage files
@@ -330,10 +330,10 @@ def _cloudformation_instance_types() -> set[str]:
 
 
 def test_instance_types_are_cloudformations():
-    assert stage_config.HOSTING_INSTANCE_TYPES == _cloudformation_instance_types(), (
+    assert endpoint_sections.HOSTING_INSTANCE_TYPES == _cloudformation_instance_types(), (
         "cfn-lint's AWS::SageMaker::EndpointConfig InstanceType enum changed: update _HOSTING_INSTANCE_FAMILIES"
     )
-    assert set(INSTANCES) <= stage_config.HOSTING_INSTANCE_TYPES  # the lab's table is deployable
+    assert set(INSTANCES) <= endpoint_sections.HOSTING_INSTANCE_TYPES  # the lab's table is deployable
 
 
 @pytest.mark.parametrize("instance_type", ["ml.p6-b200.48xlarge", "ml.p6-b300.48xlarge", "ml.p6e-gb200.36xlarge"])

@@ -1,5 +1,5 @@
 """The stage's rules one function at a time (prefix_routing/stage): which variable names and values
-are secrets (the rule in config.py's comment: a secret word anywhere, KEY/AUTH/COOKIE or ...TOKEN as
+are secrets (the rule in value_checks.py's comment: a secret word anywhere, KEY/AUTH/COOKIE or ...TOKEN as
 the last word before a final ID, Hugging Face tokens and AWS key ids as values), S3 model URIs
 (S3's bucket naming rules, folders ending in '/'), the reference's range words, and the front
 door's environment from a stage (front_door_env.py)."""
@@ -12,8 +12,10 @@ import re
 import pytest
 from annotated_types import Ge, Gt, Le, Lt
 
-from prefix_routing.stage import config as stage_config
-from prefix_routing.stage.config import DEFAULT_STAGE_DATA, parse_stage, range_text, secret_word
+from prefix_routing.stage import value_checks
+from prefix_routing.stage.config import DEFAULT_STAGE_DATA, parse_stage
+from prefix_routing.stage.reference_text import range_text
+from prefix_routing.stage.value_checks import secret_word
 from prefix_routing.stage.front_door_env import front_door_environment, function_environment
 
 
@@ -40,12 +42,12 @@ def test_id_alone_is_no_secret_but_a_key_before_a_final_id_is():
 
 
 def test_an_environment_key_is_a_name_of_at_most_1024_characters_and_no_secret():
-    assert stage_config._environment_key("A" * 1024) == "A" * 1024
-    assert stage_config._environment_key("_x9") == "_x9"
+    assert value_checks.checked_environment_key("A" * 1024) == "A" * 1024
+    assert value_checks.checked_environment_key("_x9") == "_x9"
     for key, message in (("A" * 1025, "not an environment variable name"), ("9X", "not an environment variable name"),
                          ("A-B", "not an environment variable name"), ("HF_TOKEN", "names a secret (TOKEN); allowed: no")):
         with pytest.raises(ValueError, match=re.escape(message)):
-            stage_config._environment_key(key)
+            value_checks.checked_environment_key(key)
 
 
 HF = "hf_" + "a1B2" * 8  # 32 characters after hf_
@@ -53,23 +55,23 @@ AWS_KEY = "AKIA" + "ABCDEFGH12345678"
 
 
 def test_an_environment_value_is_at_most_1024_characters_and_no_credential():
-    assert stage_config._environment_value("x" * 1024) == "x" * 1024
-    assert stage_config._environment_value("hf_short") == "hf_short"
+    assert value_checks.checked_environment_value("x" * 1024) == "x" * 1024
+    assert value_checks.checked_environment_value("hf_short") == "hf_short"
     with pytest.raises(ValueError, match="^1025 characters; allowed: at most 1024"):
-        stage_config._environment_value("x" * 1025)
+        value_checks.checked_environment_value("x" * 1025)
     with pytest.raises(ValueError, match=r"^the value looks like a Hugging Face token \(hf_...\); allowed: no secrets"):
-        stage_config._environment_value(f"token={HF}")
+        value_checks.checked_environment_value(f"token={HF}")
     with pytest.raises(ValueError, match="^the value looks like an AWS access key id"):
-        stage_config._environment_value(AWS_KEY)
-    assert stage_config._environment_value("ASIA" + "A" * 15) == "ASIA" + "A" * 15  # 19 characters: no key id
+        value_checks.checked_environment_value(AWS_KEY)
+    assert value_checks.checked_environment_value("ASIA" + "A" * 15) == "ASIA" + "A" * 15  # 19 characters: no key id
 
 
 def test_a_shown_value_is_never_a_secret_nor_a_whole_long_value():
-    assert stage_config._shown_environment_value(HF) == "(not shown)"
-    assert stage_config._shown_environment_value(f"x {AWS_KEY} y") == "(not shown)"
-    assert stage_config._shown_environment_value("a" * 40) == repr("a" * 40)
-    assert stage_config._shown_environment_value("a" * 41) == repr("a" * 40) + "..."
-    assert stage_config._shown_environment_value(5) == "5"
+    assert value_checks.shown_environment_value(HF) == "(not shown)"
+    assert value_checks.shown_environment_value(f"x {AWS_KEY} y") == "(not shown)"
+    assert value_checks.shown_environment_value("a" * 40) == repr("a" * 40)
+    assert value_checks.shown_environment_value("a" * 41) == repr("a" * 40) + "..."
+    assert value_checks.shown_environment_value(5) == "5"
 
 
 @pytest.mark.parametrize("uri, problem", [
@@ -94,7 +96,7 @@ def test_a_shown_value_is_never_a_secret_nor_a_whole_long_value():
     ("s3://my-bucket/a//", "prefix 'a//' has an empty folder name"),
 ])
 def test_s3_model_uris_follow_s3s_naming_rules(uri, problem):
-    found = stage_config._s3_uri_problem(uri)
+    found = value_checks.s3_uri_problem(uri)
     assert found == problem if problem is None else problem in found
 
 
@@ -215,7 +217,7 @@ def test_limits_reach_the_environment_with_a_short_lease_whatever_the_timeout():
 
 def test_a_prefixs_problem_names_only_the_characters_s3_does_not_take():
     # Upper case letters are safe key characters: only '*' is named.
-    assert stage_config._s3_uri_problem("s3://my-bucket/Models*/") == "prefix 'Models*/' has '*'"
+    assert value_checks.s3_uri_problem("s3://my-bucket/Models*/") == "prefix 'Models*/' has '*'"
 
 
 def test_a_default_output_charge_above_a_tokens_per_minute_is_refused_naming_both():

@@ -561,7 +561,7 @@ class Attempt:
 
 
 LINE = {"message": "prefix_routing.request", "tenant": "t", "prefix_fingerprint": "f", "prompt_tokens": 120,
-        "cached_tokens": 100, "ttft_ms": 12.5}
+        "cached_tokens": 100, "output_tokens": 2, "ttft_ms": 12.5}
 
 
 def invocation(first, second, events=None, **kwargs):

@@ -37,6 +37,10 @@ class SteeredReplicas:
         """Replica numbers retired for a fresh one, over every prefix."""
         return sum(state.redraws for state in self.states.values())
 
+    def summary(self) -> dict:
+        """Its collisions and redraws, as the front door counts them."""
+        return {"steering": {"replica_collisions": self.collisions, "replica_redraws": self.redraws}}
+
     def route(self, key: Hashable, now: float, copies: int) -> int:
         """The replica number for a request of ``key`` arriving at ``now`` on ``copies`` copies."""
         answers = self._answers

@@ -20,7 +20,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 
-from prefix_routing.lab.common import _percentiles
+from prefix_routing.lab.percentiles import percentiles
 from prefix_routing.lab.fleet_config import FleetConfig
 from prefix_routing.lab.simulate import SimResult, simulate
 from prefix_routing.lab.tenants import tenants_of
@@ -86,7 +86,7 @@ def _row(layout: str, components: int, copies: int, results: list[tuple[Trace, S
     prompt = sum(sum(part.prompt_tokens) for part, _ in results)
     cached = sum(result.hit_rate * sum(part.prompt_tokens) for part, result in results)
     ttft = [t for _, result in results for t in result.ttft]
-    p = _percentiles(ttft, (50, 90))
+    p = percentiles(ttft, (50, 90))
     return {"layout": layout, "components": components, "copies": copies,
             "hit_rate": cached / prompt if prompt else 0.0, "ttft_p50_s": p["p50"], "ttft_p90_s": p["p90"],
             "copy_hours": sum(result.copy_hours for _, result in results),
