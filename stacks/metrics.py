@@ -127,8 +127,19 @@ class AdvisorMetrics:
             self._metric(telemetry.MEASURED_HIT_RATE, "measured (request log)"),
             self._metric(telemetry.PREDICTED_HIT_RATE, "predicted, current settings"),
             self._metric(telemetry.BEST_PREDICTED_HIT_RATE, "predicted, best settings"),
-            self._metric(telemetry.HIT_RATE_BOUND, "bound (one infinite cache)"),
+            self._metric(telemetry.HIT_RATE_BOUND, "bound (one infinite cache per tenant's namespace)"),
         ]
+
+    def losses(self) -> list[cloudwatch.MathExpression]:
+        """Where the hits the bound allows went: to the fleet (routing and capacity: bound - predicted)
+        and in the engine (predicted - measured: evictions, restarts, the model's error)."""
+        using = {"bound": self._metric(telemetry.HIT_RATE_BOUND, "bound"),
+                 "predicted": self._metric(telemetry.PREDICTED_HIT_RATE, "predicted"),
+                 "measured": self._metric(telemetry.MEASURED_HIT_RATE, "measured")}
+        return [cloudwatch.MathExpression(expression="bound - predicted", using_metrics=using, period=self._period,
+                                          label="lost to routing and capacity (bound - predicted)"),
+                cloudwatch.MathExpression(expression="predicted - measured", using_metrics=using, period=self._period,
+                                          label="lost in the engine (predicted - measured)")]
 
     def prefix_reuse_share(self) -> cloudwatch.Metric:
         return self._metric(telemetry.PREFIX_REUSE_SHARE, "requests reusing a prefix")

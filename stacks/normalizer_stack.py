@@ -6,6 +6,7 @@ from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
 from prefix_routing.stage.config import StageConfig
+from stacks.constructs.isolation_canary import IsolationCanary
 from stacks.constructs.limits_table import TenantLimitsTable
 from stacks.constructs.normalizer_function import NormalizerFunction, normalizer_code
 
@@ -23,15 +24,17 @@ class NormalizerStack(Stack):
         table = self.limits_table.table if self.limits_table is not None else None
         # Names, not references: the endpoint's names are fixed by the stage, so the two stacks
         # deploy independently.
+        endpoint_arn = self.format_arn(service="sagemaker", resource="endpoint", resource_name=config.endpoint_name)
+        # The primary component first (its copy counts are read), then every other domain's.
+        component_arns = [self.format_arn(service="sagemaker", resource="inference-component", resource_name=plan.name)
+                          for plan in config.components()]
         self.normalizer = NormalizerFunction(
             self,
             "Normalizer",
             endpoint_name=config.endpoint_name,
             component_name=config.component_name,
-            endpoint_arn=self.format_arn(service="sagemaker", resource="endpoint", resource_name=config.endpoint_name),
-            # The primary component first (its copy counts are read), then every other domain's.
-            component_arns=[self.format_arn(service="sagemaker", resource="inference-component", resource_name=plan.name)
-                            for plan in config.components()],
+            endpoint_arn=endpoint_arn,
+            component_arns=component_arns,
             routing=config.routing,
             endpoint=config.endpoint,
             settings=config.normalizer,
@@ -41,6 +44,11 @@ class NormalizerStack(Stack):
             steering_table=table if steering else None,
             domains=config.trust_domains(),
         )
+        # The isolation canary ([canary]): the front door's ids and salts for two synthetic tenants, per
+        # domain, on a schedule; its alarms are the observability stack's.
+        self.canary = (IsolationCanary(self, "Canary", config=config, tenant_key=self.normalizer.tenant_key,
+                                       endpoint_arn=endpoint_arn, component_arns=component_arns)
+                       if config.canary.enabled else None)
         CfnOutput(self, "FunctionUrl", value=self.normalizer.function_url.url)
         CfnOutput(self, "FunctionName", value=self.normalizer.function.function_name)
         # Attach to each tenant's role: the Function URL, and lambda:InvokeFunction only through it.

@@ -7,6 +7,7 @@ from constructs import Construct
 
 from prefix_routing.stage.config import StageConfig
 from stacks.constructs.alarms import AlertTopic, RoutingAlarms
+from stacks.constructs.canary_alarms import CanaryAlarms
 from stacks.constructs.dashboard import RoutingDashboard
 from stacks.constructs.log_insights import RequestLogInsights
 from stacks.constructs.routing_advisor import RoutingAdvisor
@@ -23,6 +24,7 @@ class ObservabilityStack(Stack):
         # component's keep the construct ids and names a stage without domains has.
         self.alarms_by_component: dict[str, RoutingAlarms] = {}
         self.dashboards: dict[str, RoutingDashboard] = {}
+        self.canary_alarms: dict[str, CanaryAlarms] = {}  # with [canary] enabled
         for index, plan in enumerate(config.components()):
             suffix = "" if index == 0 else f"-{plan.domain}"
             normalizer = NormalizerMetrics(component_name=plan.name)
@@ -44,13 +46,18 @@ class ObservabilityStack(Stack):
                 cached_tokens_reported=config.model.reports_cached_tokens,
                 limits_enabled=config.limits.enabled,
             )
+            canary = None
+            if config.canary.enabled:
+                canary = self.canary_alarms[plan.name] = CanaryAlarms(
+                    self, "CanaryAlarms" + suffix, component_name=plan.name, every_minutes=config.canary.every_minutes,
+                    topic=self.alert_topic.topic)
             self.dashboards[plan.name] = RoutingDashboard(
                 self,
                 "Dashboard" + suffix,
                 dashboard_name=config.dashboard_name + suffix,
                 normalizer=normalizer,
                 sagemaker=sagemaker,
-                alarms=alarms.all,
+                alarms=alarms.all + (canary.all if canary is not None else []),
                 advisor=AdvisorMetrics(component_name=plan.name, schedule_minutes=config.advisor.schedule_minutes)
                 if config.advisor.enabled and index == 0 else None,
                 limits_enabled=config.limits.enabled,

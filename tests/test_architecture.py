@@ -40,6 +40,8 @@ SUBPACKAGES = {
     "prefix_routing.engines.": "engines",
     "prefix_routing.advisor": "advisor",  # the routing advisor function: the lab on production's log
     "prefix_routing.advisor.": "advisor",
+    "prefix_routing.canary": "canary",  # the isolation canary: the scheduled function and its command
+    "prefix_routing.canary.": "canary",
     "prefix_routing.verify": "verify",  # checks a live deployment against its stage
     "prefix_routing.verify.": "verify",
     "prefix_routing.benchmark": "benchmark",  # a SageMaker AI benchmark job beside the lab's prediction
@@ -67,11 +69,13 @@ ALLOWED = {
     "engines": ({"rules", "stage"}, {"gguf", "numpy", "torch", "tokenizers", "transformers"}),
     "verify": ({"rules", "stage", "loadtest"}, {"boto3", "botocore"}),
     "advisor": ({"rules", "stage", "lab"}, {"boto3", "botocore"}),
+    "canary": ({"rules", "frontdoor"}, {"boto3", "botocore"}),  # the front door's configuration: its components, salts, bodies
     "benchmark": ({"rules", "stage", "lab"}, {"boto3", "botocore"}),
     "cli": ({"rules", "stage", "lab", "emulator", "loadtest", "frontdoor", "verify", "engines", "advisor", "benchmark",
+             "canary",
              "package"}, set()),
     "stacks": ({"stage", "package"}, {"aws_cdk", "constructs", "cdk_nag", "jsii"}),
-    "lambda": ({"frontdoor", "advisor", "rules", "package"}, {"boto3", "botocore"}),
+    "lambda": ({"frontdoor", "advisor", "canary", "rules", "package"}, {"boto3", "botocore"}),
 }
 #: The stacks may use the rules subpackage only for the telemetry names.
 STACKS_MAY_USE = {"prefix_routing.rules.telemetry"}

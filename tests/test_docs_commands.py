@@ -18,6 +18,8 @@ What the test changes, all of it listed here and in docs/development.md:
 - a synopsis runs without its ``[optional]`` parts and with its placeholders filled in
   (``PLACEHOLDERS``);
 - ``make`` runs as ``make -n`` (a dry run: the target and its variables exist);
+- ``canary --stage default`` on llama.cpp must exit 1 with an isolation breach (the stage counts on
+  salts the engine ignores);
 - every AWS client goes to a closed port on 127.0.0.1: ``preflight`` must end with one line per
   check, and may exit 1 (a shipped stage's gated model id is a ✘ without AWS);
 - ``../shared/traces/`` is read where it is beside the clone; elsewhere the trace slice in
@@ -94,7 +96,8 @@ ENGINE_URLS = ("URL", "http://127.0.0.1:8000")
 #: Where every AWS client of a command goes unless the command names its own endpoint: nowhere.
 UNREACHABLE_AWS = "http://127.0.0.1:9"
 #: Commands that start, stop or call real engines; of them, those that need vLLM installed too.
-NEEDS_ENGINES = re.compile(r"prefix_routing engines |--engines\b|--engine-url\b|prefix_routing calibrate\b|bench_fidelity")
+NEEDS_ENGINES = re.compile(r"prefix_routing engines |--engines\b|--engine-url\b|prefix_routing calibrate\b|bench_fidelity"
+                           r"|prefix_routing canary\b")
 NEEDS_VLLM = re.compile(r"--(engine-)?kind vllm\b")
 #: Files a reader is expected to have, and the command of the documentation that writes each.
 WRITTEN_BY = {"requests.jsonl": f"python -m prefix_routing log --trace {SLICE} --out requests.jsonl"}
@@ -299,6 +302,8 @@ def test_the_command_runs_as_written(command, workdir, request):
         assert (result.stdout + result.stderr).strip() == command.expected.strip(), report
     elif shell.startswith("python bench/"):
         assert result.returncode in (0, 1), report  # 1: a target missed by a short run
+    elif shell.startswith("python -m prefix_routing canary --stage default") and "vllm" not in shell:
+        assert result.returncode == 1 and "isolation breach" in result.stdout, report  # llama.cpp ignores salts
     elif shell.startswith("python -m prefix_routing preflight"):
         # No AWS within reach: every check that asks it is a ?, and a shipped stage's gated model id a
         # ✘ (exit status 1); what must hold is that it ends with one line per check and its summary.

@@ -207,7 +207,7 @@ def run_once(cfg: AdvisorConfig, clients: Clients, now_ms: int) -> dict:
             Message=advisor.render(advice),
         )
     return {"advised": True, "requests": len(window), "sample_rate": rate, "copies": copies, "better": advice["better"],
-            "notified": due, "notes": list(window.notes), "skipped": window.skipped.as_dict(), "advice": advice}
+            "lost_tenants": advice.get("lost_tenants", []), "notified": due, "notes": list(window.notes), "skipped": window.skipped.as_dict(), "advice": advice}
 
 
 def _load_state(cfg: AdvisorConfig, ssm: Any) -> dict | None:

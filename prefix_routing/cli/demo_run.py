@@ -30,6 +30,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from prefix_routing.cli.trace_args import CONVERSATION_SLICE  # without ../shared: the trace's first 1,000 requests
 from prefix_routing.engines.process import free_port
 from prefix_routing.lab import bodies
 from prefix_routing.lab.workloads import LongContextSpec, long_context_workload
@@ -41,8 +42,6 @@ from prefix_routing.rules.settings import NormalizerSettings
 from prefix_routing.stage.config import DEFAULT_STAGE_DATA, StageConfig, parse_stage
 
 CONVERSATION_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "conversation_trace.jsonl"
-#: Without ../shared: the trace's first 1,000 requests, kept in the clone (tests/data/README.md).
-CONVERSATION_SLICE = Path(__file__).resolve().parents[2] / "tests" / "data" / "mooncake_slice.jsonl"
 STRATEGIES = ("RANDOM", "PREFIX_AWARE")
 CLIENTS = ("varied", "normalized")
 #: Careless clients through the front door: only where routing can use what it normalizes.

@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "loadtest": "loadtest",
     "demo": "demo",
     "preflight": "preflight",
+    "canary": "canary",
     "verify": "verify",
     "benchmark": "benchmark",
     "images": "images",

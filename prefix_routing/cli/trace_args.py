@@ -4,6 +4,7 @@ workload), how they are read and keyed, and ``--sample``."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from prefix_routing.cli.flag_values import load_step, positive_float, ranged_int, sample_rate, time_ms
 from prefix_routing.lab.trace_data import Trace
@@ -74,6 +75,7 @@ def load_from_args(args) -> tuple[Trace, "LongContextSpec | None"]:
             raise UserError(f"--start must be before --end ({start} >= {end})")
         trace = traces.read_cloudwatch(group, start, end, region=args.region, strict=args.strict, bytes_per_token=args.bytes_per_token)
     else:
+        args.trace = trace_or_slice(args.trace)
         body_options = {"rate": args.body_rate, "block_bytes": args.body_block_bytes}
         if getattr(args, "prefix_length", None) and isinstance(args.prefix_length, int):
             body_options["prefix_length"] = args.prefix_length
@@ -86,6 +88,21 @@ def load_from_args(args) -> tuple[Trace, "LongContextSpec | None"]:
         trace = with_tenants(trace, tenants)
     report_skipped(trace)
     return trace, spec
+
+
+#: The Mooncake conversation trace's name, and its first 1,000 requests kept in the clone (tests/data/README.md).
+CONVERSATION_TRACE_NAME = "conversation_trace.jsonl"
+CONVERSATION_SLICE = Path(__file__).resolve().parents[2] / "tests" / "data" / "mooncake_slice.jsonl"
+
+
+def trace_or_slice(path: str) -> str:
+    """``path``, or, where it names the Mooncake conversation trace and no file is there, the slice of it
+    kept in the clone (said on stderr): the commands the documentation shows run without the trace."""
+    if Path(path).name != CONVERSATION_TRACE_NAME or Path(path).exists() or not CONVERSATION_SLICE.is_file():
+        return path
+    print(f"{path} is absent (the Mooncake conversation trace, Apache-2.0: github.com/kvcache-ai/Mooncake, "
+          f"FAST25-release/traces/): reading its first 1,000 requests, {CONVERSATION_SLICE}, instead", file=sys.stderr)
+    return str(CONVERSATION_SLICE)
 
 
 def report_skipped(trace: Trace) -> None:

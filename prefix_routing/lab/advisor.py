@@ -17,8 +17,9 @@ from typing import Sequence
 
 from prefix_routing.lab import sampling
 from prefix_routing.lab.analyze import analyze
-from prefix_routing.lab.grids import CANDIDATE_PREFIX_LENGTHS, CANDIDATE_THRESHOLDS
 from prefix_routing.lab.fleet_config import FleetConfig
+from prefix_routing.lab.grids import CANDIDATE_PREFIX_LENGTHS, CANDIDATE_THRESHOLDS
+from prefix_routing.lab.losses import namespace_bound, top_losers
 from prefix_routing.lab.overload import overload_text
 from prefix_routing.lab.routing import Strategy
 from prefix_routing.lab.simulate import config_for_trace
@@ -109,7 +110,10 @@ def advise(
     gain_points, ttft_gain = _gains(best, current)
     better = not kept and (gain_points >= settings.gain_points - 1e-9 or ttft_gain >= settings.ttft_gain - 1e-9)
     random = next(b for b in tuned["baselines"] if b["strategy"] == Strategy.RANDOM.value)
-    bound, measured = reuse["hit_rate_bound_tokens"], trace.measured_hit_rate()
+    # The bound counts only reuse within a tenant's namespace (salts and routing ids allow no other);
+    # a log without tenants or routing ids is one namespace: the shared bound.
+    namespaces = namespace_bound(trace)
+    bound, measured = namespaces["bound_tokens"], trace.measured_hit_rate()
     sampled = None
     if sample < 1.0:
         k = config_for_trace(current_config, simulated).key_blocks
@@ -134,6 +138,7 @@ def advise(
         "snippet": config_snippet(best["prefix_length"], best["concurrency_threshold"],
                                   config.replication if best.get("replication") is not None else None),
         "tenants": tuned["tenants"],  # the log's tenants: how many, and one that dominates the load
+        "lost_tenants": top_losers(namespaces),  # most prompt tokens their namespace's bound had and the engine not
     }
 
 
@@ -240,8 +245,12 @@ def render(advice: dict) -> str:
            + (f"; predicted hit rate ±{100 * sampled['hit_rate_band']:.1f} points, 95 %"
               if sampled.get("hit_rate_band") is not None else "") + ")" if sampled else ""),
         f"hit rate measured in production: {'not reported' if measured is None else f'{measured:.1%}'}; "
-        f"bound (one infinite shared cache): {advice['hit_rate_bound']:.1%}",
+        f"bound (one infinite cache per tenant's namespace): {advice['hit_rate_bound']:.1%}",
     ]
+    losers = advice.get("lost_tenants") or []
+    if losers:
+        lines.append("tenants that lost the most prompt tokens (their namespace's bound, not cached): " + "; ".join(
+            f"{row['tenant']} {row['lost_tokens']:,} of {row['prompt_tokens']:,}" for row in losers))
     if advice.get("measured_above_bound"):
         lines.append(f"warning: {advice['measured_above_bound']['text']}")
     lines.append(f"now:  PrefixLength {cur['prefix_length']}, ConcurrencyThreshold {cur['concurrency_threshold']}: "

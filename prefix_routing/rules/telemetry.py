@@ -135,6 +135,16 @@ RECOMMENDED_PREFIX_LENGTH = MetricSpec("RecommendedPrefixLength", "Bytes", "the 
 RECOMMENDED_CONCURRENCY_THRESHOLD = MetricSpec(
     "RecommendedConcurrencyThreshold", "Count", "the advisor's ConcurrencyThreshold"
 )
+#: The isolation canary's verdicts (``prefix_routing.canary``), one of each per trust domain per run,
+#: under NAMESPACE with the component dimension: 1 when the run found it, else 0.
+CANARY_ISOLATION_BREACH = MetricSpec(
+    "CanaryIsolationBreach", "Count",
+    "the canary's second tenant found the first tenant's prompt cached beyond the chat template's tokens (1)",
+)
+CANARY_CACHE_COLD = MetricSpec(
+    "CanaryCacheCold", "Count", "the canary tenant's own repeat of its prompt was not cached (1): cache or routing off"
+)
+CANARY_METRICS: Final = (CANARY_ISOLATION_BREACH, CANARY_CACHE_COLD)
 ADVISOR_METRICS: Final = (
     HIT_RATE_BOUND, PREDICTED_HIT_RATE, BEST_PREDICTED_HIT_RATE, MEASURED_HIT_RATE, PREFIX_REUSE_SHARE,
     RECOMMENDED_PREFIX_LENGTH, RECOMMENDED_CONCURRENCY_THRESHOLD,

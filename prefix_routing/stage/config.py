@@ -38,7 +38,7 @@ from prefix_routing.stage.loading import (CONFIG_DIR, DEFAULT_STAGE, DEFAULT_STA
                                           REFERENCE_DOC, ConfigError, load_model, parse_model)
 from prefix_routing.stage.observability_sections import (BATCH_PERCENT_MAX, BATCH_PERCENT_MIN, ENGINE_HIT_RATE_ALARM,
                                                          ENGINE_METRICS_ALARM, ERROR_RATE_ALARM, PUBLISH_FREQUENCIES,
-                                                         ROLLBACK_ALARMS, TTFT_P50_ALARM, AdvisorSettings,
+                                                         ROLLBACK_ALARMS, TTFT_P50_ALARM, AdvisorSettings, CanarySettings,
                                                          AlarmSettings, DeploymentSettings, MetricsSettings,
                                                          alarm_name, batch_warnings, check_bake, rollback_alarm_names)
 from prefix_routing.stage.reference_text import range_text
@@ -50,7 +50,7 @@ __all__ = [
     "BATCH_PERCENT_MAX", "BATCH_PERCENT_MIN", "BLOCK_BYTES_MIN", "CONFIG_DIR", "DEFAULT_STAGE", "DEFAULT_STAGE_DATA",
     "DEFAULT_STAGE_FILE", "ENGINE_HIT_RATE_ALARM", "ENGINE_METRICS_ALARM", "ENVIRONMENT_MAX_ENTRIES",
     "ERROR_RATE_ALARM", "HOSTING_INSTANCE_TYPES", "PUBLISH_FREQUENCIES", "REFERENCE_DOC", "ROLLBACK_ALARMS",
-    "ROUTING_STRATEGIES", "STACK_ENVIRONMENT_ENTRIES", "TTFT_P50_ALARM", "AdvisorSettings", "AlarmSettings",
+    "ROUTING_STRATEGIES", "STACK_ENVIRONMENT_ENTRIES", "TTFT_P50_ALARM", "AdvisorSettings", "AlarmSettings", "CanarySettings",
     "BenchmarkSettings", "ComponentPlan", "ConfigError", "DeploymentSettings", "DomainSettings", "EndpointSettings",
     "LimitsSettings", "MetricsSettings", "ModelSettings", "NormalizerFunctionSettings", "ReplicationStageSettings",
     "RoutingSettings", "ScalingSettings", "StageConfig", "TenancySettings", "TenantLimitSettings", "alarm_name",
@@ -83,6 +83,7 @@ class StageConfig(Section):
     )
     normalizer: NormalizerFunctionSettings = Field(NormalizerFunctionSettings(), description="the front-door function")
     advisor: AdvisorSettings = Field(AdvisorSettings(), description="the routing advisor function")
+    canary: CanarySettings = Field(CanarySettings(), description="the isolation canary")
     limits: LimitsSettings = Field(LimitsSettings(), description="per-tenant limits at the front door")
     domains: dict[str, DomainSettings] = Field(
         default_factory=dict,
@@ -106,6 +107,11 @@ class StageConfig(Section):
         if self.tenancy.require_isolation and self.tenants_sharing_a_cache:
             raise ValueError("tenancy.require_isolation: " + "; ".join(self.tenants_sharing_a_cache))
         check_bake(self.deployment, self.alarms)
+        if self.canary.enabled and not self.model.reports_cached_tokens:
+            # The canary reads the engine's cached tokens: without them every run would read as a cold
+            # cache, and a breach could never show.
+            raise ValueError(f"canary.enabled: model.framework {self.model.framework!r} reports no cached tokens, "
+                             "which the canary reads; allowed: the canary on a vllm stage, or enabled = false")
         check_spill(self.routing, self.scaling,
                     {name: domain.target_concurrent_requests_per_copy for name, domain in self.domains.items()})
         return self

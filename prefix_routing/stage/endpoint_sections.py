@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from prefix_routing.rules.domains import SALT_ISOLATES
 from prefix_routing.stage.presets import INSTANCES
 from prefix_routing.stage.section import Section, allowed
 from prefix_routing.stage.value_checks import (ENV_MAX_LENGTH, ENVIRONMENT_MAX_ENTRIES, STACK_ENVIRONMENT_ENTRIES,
@@ -154,6 +155,12 @@ class ModelSettings(Section):
                 f"({self.accelerators_per_copy}): each copy shards the model over its own accelerators"
             )
         return self
+
+    @property
+    def isolates_by_salt(self) -> bool:
+        """Whether the serving container keeps tenants' cached blocks apart by their ``cache_salt``
+        (``rules.domains.SALT_ISOLATES``: vLLM does, LMI does not)."""
+        return SALT_ISOLATES.get(self.framework, False)
 
     @property
     def reports_cached_tokens(self) -> bool:

@@ -143,6 +143,25 @@ def _sample_rate(value: Any) -> float | str:
     raise ValueError(_SAMPLE_ALLOWED)
 
 
+class CanarySettings(Section):
+    """The [canary] section: the isolation canary (prefix_routing.canary), a scheduled function that
+    proves, per trust domain, that the cache still works and that tenants stay apart in it."""
+
+    enabled: bool = Field(
+        False,
+        description="every `every_minutes`, per trust domain, a synthetic tenant's prompt is sent twice and a second "
+        "synthetic tenant's identical prompt once, with the routing ids and salts the front door would give them; "
+        "the repeat must be cached (`CanaryCacheCold` otherwise) and the other tenant's must not be beyond the chat "
+        "template's first tokens (`CanaryIsolationBreach` otherwise), each with its alarm",
+    )
+    every_minutes: int = Field(60, ge=5, le=1440, description="minutes between runs")
+    prompt_tokens: int = Field(
+        1024, ge=256, le=8192,
+        description="about how many tokens the canary's prompt has (3 requests of it per domain per run, 1 output "
+        "token each)",
+    )
+
+
 class AdvisorSettings(Section):
     """The [advisor] section: the routing advisor function (prefix_routing.advisor), run on a schedule
     over the last window of the normalizer's request log."""

@@ -166,8 +166,10 @@ class RoutingDashboard(Construct):
         if advisor is not None:  # advisor.enabled: its row
             self.dashboard.add_widgets(
                 cloudwatch.GraphWidget(
-                    title="Hit rate: measured vs the advisor's prediction, best and bound",
+                    title="Hit rate: measured vs the advisor's prediction, best and bound; where the rest was lost",
                     left=advisor.hit_rates(),
+                    right=advisor.losses(),
+                    right_y_axis=cloudwatch.YAxisProps(min=0, max=1),
                     left_y_axis=cloudwatch.YAxisProps(min=0, max=1),
                     width=third,
                 ),

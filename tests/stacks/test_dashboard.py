@@ -96,3 +96,17 @@ def test_the_engines_hit_rate_sits_beside_the_front_doors(default_templates):
     assert status["y"] == row and text["y"] == row + status["height"]  # one column, on the hit rate's row
     assert status["x"] == text["x"] == widgets[front_door]["x"] + widgets[front_door]["width"]
     assert status["height"] + text["height"] == widgets[front_door]["height"]
+
+
+def test_the_advisors_row_names_where_the_hits_went_and_the_log_ranks_tenants_by_usage(default_templates):
+    widgets = _widgets(default_templates["observability"])
+    (hits,) = [w for w in widgets if w["properties"].get("title", "").startswith("Hit rate: measured vs")]
+    expressions = {m[0]["expression"]: m[0] for m in hits["properties"]["metrics"]
+                   if isinstance(m[0], dict) and "expression" in m[0]}
+    assert set(expressions) == {"bound - predicted", "predicted - measured"}
+    assert expressions["bound - predicted"]["label"].startswith("lost to routing and capacity")
+    assert expressions["predicted - measured"]["label"].startswith("lost in the engine")
+    assert all(e.get("yAxis") == "right" for e in expressions.values())
+    (usage,) = [w for w in widgets if w["properties"].get("title", "").startswith("Top tenants by prompt tokens")]
+    assert usage["type"] == "log" and "by tenant" in usage["properties"]["query"]
+    assert "sort prompt_tokens desc" in usage["properties"]["query"]

@@ -263,7 +263,8 @@ def test_a_run_models_the_window_on_the_copies_serving_now(run):
                                 prefix_length=2048, concurrency_threshold=12, block_tokens=256, block_bytes=1024.0)
     assert kwargs == {"settings": NotifySettings(7.5, 0.3, 4), "min_threshold": 3.5}
     # (the stub has no Requests figure: the volume is unknown, so the window is read whole)
-    assert result == {"advised": True, "requests": 3, "sample_rate": 1.0, "copies": 5, "better": True, "notified": False,
+    assert result == {"advised": True, "requests": 3, "sample_rate": 1.0, "copies": 5, "better": True,
+                      "lost_tenants": [], "notified": False,
                       "notes": ["read 3 events",
                                 "the window's Requests count was not available: read whole, up to 5,000 lines"],
                       "skipped": calls["trace"].skipped.as_dict(), "advice": ADVICE}

@@ -237,3 +237,16 @@ def re_escape(text: str) -> str:
     import re
 
     return re.escape(text)
+
+
+def test_the_mooncake_trace_absent_its_slice_is_read_and_said(tmp_path, capsys):
+    from prefix_routing.cli.trace_args import CONVERSATION_SLICE, trace_or_slice
+
+    missing = str(tmp_path / "traces" / "conversation_trace.jsonl")
+    assert trace_or_slice(missing) == str(CONVERSATION_SLICE)
+    assert "is absent (the Mooncake conversation trace" in capsys.readouterr().err
+    present = tmp_path / "conversation_trace.jsonl"
+    present.write_text("{}\n")
+    assert trace_or_slice(str(present)) == str(present)  # there: read as it is
+    assert trace_or_slice(str(tmp_path / "other.jsonl")) == str(tmp_path / "other.jsonl")  # another name: its error
+    assert capsys.readouterr().err == ""

@@ -226,7 +226,9 @@ def searched(monkeypatch):
         analyzed = []
         monkeypatch.setattr(advisor, "tune", tune)
         monkeypatch.setattr(advisor, "analyze", lambda trace, **kw: analyzed.append((trace, kw)) or {
-            "prefix_reuse": 0.6, "hit_rate_bound_tokens": 0.7})
+            "prefix_reuse": 0.6, "hit_rate_bound_tokens": 0.75})
+        # The advice's bound is the tenants' namespaces' (lab/losses.py), not analyze's shared one.
+        monkeypatch.setattr(advisor, "namespace_bound", lambda trace: {"bound_tokens": 0.7, "tenants": []})
         return advisor.advise(window_trace, config, **kwargs), tune, analyzed
     return run
 

@@ -232,3 +232,16 @@ def test_a_default_output_charge_above_a_tokens_per_minute_is_refused_naming_bot
                          "without max_tokens could never be admitted; allowed: at most 1,500")
     assert stage(limits={"tokens_per_minute": 2000, "default_max_tokens": 2000}).limits.default_max_tokens == 2000
     assert stage(limits={"default_max_tokens": 10**6}).limits.to_rules().default_max_tokens == 10**6  # no token limit
+
+
+def test_the_canary_needs_an_engine_that_reports_cached_tokens():
+    import copy
+
+    from prefix_routing.stage.config import DEFAULT_STAGE_DATA, ConfigError, parse_stage
+
+    data = copy.deepcopy(DEFAULT_STAGE_DATA)
+    data["canary"] = {"enabled": True}
+    assert parse_stage(data, source="t").canary.enabled  # vLLM: it reports them
+    data["model"].update(framework="djl-lmi", image_repository="djl-inference", image_tag="0.33.0-lmi15.0.0-cu128")
+    with pytest.raises(ConfigError, match="canary.enabled: model.framework 'djl-lmi' reports no cached tokens"):
+        parse_stage(data, source="t")
