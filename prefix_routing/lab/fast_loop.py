@@ -38,7 +38,7 @@ def run(fleet: Fleet, lo: int, hi: int, inv: float, keys, arrivals, prompts, out
     out, done, caches = fleet._out, fleet._done, fleet._caches
     router = fleet.router
     prefix_aware = fleet._strategy is PREFIX_AWARE
-    choose, seed_mix, home_of = router.choose, router._seed_mix, router.home
+    choose, seed_mix, home_of = router.choose, router.seed_mix, router.home
     threshold, copies = router.threshold, router.copies_per_instance
     requests_, prompt_, cached_, spills_in, timeouts_ = (fleet._requests, fleet._prompt, fleet._cached,
                                                          fleet._spills_in, fleet._timeouts)

@@ -136,17 +136,134 @@ def spill_copy(out: Sequence[int], home: int, threshold: int, copies: int) -> in
     return best
 
 
+class RoutingPolicy:
+    """One strategy's choice of a copy, behind one interface: ``choose(key, out) -> (copy, spilled)``
+    given each copy's in-flight count (copy -1: none is serving). It reads its :class:`Router`'s
+    shared state (the copies, the serving ones, the seed, the threshold), and :meth:`Router.choose`
+    is its ``choose`` itself, bound once, so routing costs no call more than a branch would."""
+
+    __slots__ = ("router",)
+
+    def __init__(self, router: "Router") -> None:
+        self.router = router
+
+    def choose(self, key: Hashable, out: Sequence[int]) -> tuple[int, bool]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class PrefixAwarePolicy(RoutingPolicy):
+    """The key's home copy by a seeded 64-bit hash, with the ConcurrencyThreshold spill of
+    :func:`spill_copy`; among the serving copies only, rendezvous hashing (:meth:`Router.set_active`)."""
+
+    __slots__ = ()
+
+    def choose(self, key: Hashable, out: Sequence[int]) -> tuple[int, bool]:
+        router = self.router
+        active = router.active
+        if active is not None:
+            if not active:
+                return -1, False  # no copy serving: the request fails (NoCapacityInvocationFailures)
+            if len(active) == 1:
+                return active[0], False
+            home = router.home(key) if router.keep_homes else -1
+            if home < 0 or home not in active:
+                kh = mix64(_key_hash(key) ^ router.seed_mix)
+                home = max(active, key=lambda c: mix64(kh ^ (c + 1) * GOLDEN & MASK))
+            if out[home] < router.threshold:
+                return home, False
+            loads = [out[c] for c in active]
+            spill = active[spill_copy(loads, active.index(home), router.threshold, 1)]
+            return spill, spill != home
+        if router.n == 1:
+            return 0, False
+        g = router.home(key)
+        if out[g] >= router.threshold:
+            spill = spill_copy(out, g, router.threshold, router.copies_per_instance)
+            return spill, spill != g
+        return g, False
+
+
+class RandomPolicy(RoutingPolicy):
+    """A serving copy drawn at random."""
+
+    __slots__ = ()
+
+    def choose(self, key: Hashable, out: Sequence[int]) -> tuple[int, bool]:
+        router = self.router
+        active = router.active
+        if active is not None:
+            if not active:
+                return -1, False
+            if len(active) == 1:
+                return active[0], False
+            return active[int(router.rng.random() * len(active))], False
+        n = router.n
+        if n == 1:
+            return 0, False
+        return int(router.rng.random() * n), False
+
+
+class LeastOutstandingPolicy(RoutingPolicy):
+    """The serving copy with the fewest requests in flight, ties broken from a random start."""
+
+    __slots__ = ()
+
+    def choose(self, key: Hashable, out: Sequence[int]) -> tuple[int, bool]:
+        router = self.router
+        active = router.active
+        if active is not None:
+            if not active:
+                return -1, False
+            if len(active) == 1:
+                return active[0], False
+            start = int(router.rng.random() * len(active))
+            order = active[start:] + active[:start]
+            return min(order, key=out.__getitem__), False
+        n = router.n
+        if n == 1:
+            return 0, False
+        start = int(router.rng.random() * n)
+        g, best = start, out[start]
+        for j in range(start + 1, start + n):
+            j = j if j < n else j - n
+            if out[j] < best:
+                g, best = j, out[j]
+        return g, False
+
+
+class CacheAwarePolicy(RoutingPolicy):
+    """KV_AWARE: it needs the copies' caches, which only the fleet model has (``Fleet``)."""
+
+    __slots__ = ()
+
+    def choose(self, key: Hashable, out: Sequence[int]) -> tuple[int, bool]:
+        router = self.router
+        active = router.active
+        if active is not None:
+            if not active:
+                return -1, False
+            if len(active) == 1:
+                return active[0], False
+        elif router.n == 1:
+            return 0, False
+        raise UserError(f"strategy {router.strategy.value}: needs the copies' caches; route it with the fleet model")
+
+
+#: The policy of each strategy.
+POLICIES: dict = {}
+
+
 class Router:
     """Where SageMaker sends one request among ``copies`` copies, given their in-flight counts.
 
-    RANDOM, LEAST_OUTSTANDING_REQUESTS and PREFIX_AWARE (the key's home copy by a seeded 64-bit
-    hash, with the ConcurrencyThreshold spill of :func:`spill_copy`), as the fleet model routes;
-    KV_AWARE needs the copies' caches and stays in the fleet. The emulator in front of real engines
-    routes with this class, so both see the same homes for the same keys and seed.
+    The state every strategy shares (the copies, the serving ones, the seed, the ConcurrencyThreshold)
+    and the strategy's :class:`RoutingPolicy`: RANDOM, LEAST_OUTSTANDING_REQUESTS and PREFIX_AWARE as
+    the fleet model routes; KV_AWARE needs the copies' caches and stays in the fleet. The emulator in
+    front of real engines routes with this class, so both see the same homes for the same keys and seed.
     """
 
-    __slots__ = ("strategy", "n", "copies_per_instance", "threshold", "rng", "_seed_mix", "_home_of", "active",
-                 "_keep_homes")
+    __slots__ = ("strategy", "n", "copies_per_instance", "threshold", "rng", "seed_mix", "_home_of", "active",
+                 "keep_homes", "policy", "choose")
 
     def __init__(self, strategy: Strategy, copies: int, *, concurrency_threshold: int,
                  copies_per_instance: int = 1, seed: int = 0, rng: random.Random | None = None) -> None:
@@ -157,10 +274,14 @@ class Router:
         self.copies_per_instance = copies_per_instance
         self.threshold = concurrency_threshold
         self.rng = rng if rng is not None else random.Random(seed)
-        self._seed_mix = mix64(seed & MASK)
+        self.seed_mix = mix64(seed & MASK)
         self._home_of: dict = {}
         self.active: list[int] | None = None  # with copy autoscaling: the copies serving now
-        self._keep_homes = False
+        self.keep_homes = False
+        self.policy = POLICIES[self.strategy](self)
+        #: ``choose(key, out) -> (copy, spilled)`` for a request with routing ``key`` when copy g has
+        #: ``out[g]`` in flight (copy -1: none is serving): the policy's own method.
+        self.choose = self.policy.choose
 
     def set_active(self, copies: list[int] | None, *, keep_homes: bool = False) -> None:
         """Route among ``copies`` only (None: all ``n``). PREFIX_AWARE then picks a key's home by
@@ -173,65 +294,18 @@ class Router:
         unhealthy engine), so that its return moves back only its own keys.
         """
         self.active = None if copies is None else list(copies)
-        self._keep_homes = keep_homes
-
-    def _choose_among(self, key: Hashable, out: Sequence[int], active: list[int]) -> tuple[int, bool]:
-        if not active:
-            return -1, False  # no copy serving: the request fails (NoCapacityInvocationFailures)
-        strategy = self.strategy
-        if len(active) == 1:
-            return active[0], False
-        if strategy is PREFIX_AWARE:
-            home = self.home(key) if self._keep_homes else -1
-            if home < 0 or home not in active:
-                kh = mix64(_key_hash(key) ^ self._seed_mix)
-                home = max(active, key=lambda c: mix64(kh ^ (c + 1) * GOLDEN & MASK))
-            if out[home] < self.threshold:
-                return home, False
-            loads = [out[c] for c in active]
-            spill = active[spill_copy(loads, active.index(home), self.threshold, 1)]
-            return spill, spill != home
-        if strategy is RANDOM:
-            return active[int(self.rng.random() * len(active))], False
-        if strategy is LEAST_OUTSTANDING:
-            start = int(self.rng.random() * len(active))
-            order = active[start:] + active[:start]
-            return min(order, key=out.__getitem__), False
-        raise UserError(f"strategy {strategy.value}: needs the copies' caches; route it with the fleet model")
+        self.keep_homes = keep_homes
 
     def home(self, key: Hashable) -> int:
         """The copy a routing key maps to: Fibonacci hashing of integer ids (chained block ids),
         a memoized mix of ``stable_hash`` for other keys; the same in every process."""
         if type(key) is int:
-            return ((((key ^ self._seed_mix) * GOLDEN) & MASK) >> 16) % self.n
+            return ((((key ^ self.seed_mix) * GOLDEN) & MASK) >> 16) % self.n
         g = self._home_of.get(key)
         if g is None:
-            g = self._home_of[key] = mix64(_key_hash(key) ^ self._seed_mix) % self.n
+            g = self._home_of[key] = mix64(_key_hash(key) ^ self.seed_mix) % self.n
         return g
 
-    def choose(self, key: Hashable, out: Sequence[int]) -> tuple[int, bool]:
-        """(copy, spilled) for a request with routing ``key`` when copy g has ``out[g]`` in flight
-        (copy -1: none is serving)."""
-        if self.active is not None:
-            return self._choose_among(key, out, self.active)
-        n = self.n
-        if n == 1:
-            return 0, False
-        strategy = self.strategy
-        if strategy is PREFIX_AWARE:
-            g = self.home(key)
-            if out[g] >= self.threshold:
-                spill = spill_copy(out, g, self.threshold, self.copies_per_instance)
-                return spill, spill != g
-            return g, False
-        if strategy is RANDOM:
-            return int(self.rng.random() * n), False
-        if strategy is LEAST_OUTSTANDING:
-            start = int(self.rng.random() * n)
-            g, best = start, out[start]
-            for j in range(start + 1, start + n):
-                j = j if j < n else j - n
-                if out[j] < best:
-                    g, best = j, out[j]
-            return g, False
-        raise UserError(f"strategy {strategy.value}: needs the copies' caches; route it with the fleet model")
+
+POLICIES.update({PREFIX_AWARE: PrefixAwarePolicy, RANDOM: RandomPolicy, LEAST_OUTSTANDING: LeastOutstandingPolicy,
+                 KV_AWARE: CacheAwarePolicy})
