@@ -136,6 +136,12 @@ def spill_copy(out: Sequence[int], home: int, threshold: int, copies: int) -> in
     return best
 
 
+def no_choice(active: list[int]) -> tuple[int, bool]:
+    """Fewer than two copies serving: the one there is, or none (copy -1: the request fails,
+    NoCapacityInvocationFailures)."""
+    return (active[0], False) if active else (-1, False)
+
+
 class RoutingPolicy:
     """One strategy's choice of a copy, behind one interface: ``choose(key, out) -> (copy, spilled)``
     given each copy's in-flight count (copy -1: none is serving). It reads its :class:`Router`'s
@@ -161,10 +167,8 @@ class PrefixAwarePolicy(RoutingPolicy):
         router = self.router
         active = router.active
         if active is not None:
-            if not active:
-                return -1, False  # no copy serving: the request fails (NoCapacityInvocationFailures)
-            if len(active) == 1:
-                return active[0], False
+            if len(active) < 2:
+                return no_choice(active)
             home = router.home(key) if router.keep_homes else -1
             if home < 0 or home not in active:
                 kh = mix64(_key_hash(key) ^ router.seed_mix)
@@ -192,10 +196,8 @@ class RandomPolicy(RoutingPolicy):
         router = self.router
         active = router.active
         if active is not None:
-            if not active:
-                return -1, False
-            if len(active) == 1:
-                return active[0], False
+            if len(active) < 2:
+                return no_choice(active)
             return active[int(router.rng.random() * len(active))], False
         n = router.n
         if n == 1:
@@ -212,10 +214,8 @@ class LeastOutstandingPolicy(RoutingPolicy):
         router = self.router
         active = router.active
         if active is not None:
-            if not active:
-                return -1, False
-            if len(active) == 1:
-                return active[0], False
+            if len(active) < 2:
+                return no_choice(active)
             start = int(router.rng.random() * len(active))
             order = active[start:] + active[:start]
             return min(order, key=out.__getitem__), False
@@ -240,10 +240,8 @@ class CacheAwarePolicy(RoutingPolicy):
         router = self.router
         active = router.active
         if active is not None:
-            if not active:
-                return -1, False
-            if len(active) == 1:
-                return active[0], False
+            if len(active) < 2:
+                return no_choice(active)
         elif router.n == 1:
             return 0, False
         raise UserError(f"strategy {router.strategy.value}: needs the copies' caches; route it with the fleet model")

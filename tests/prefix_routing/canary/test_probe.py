@@ -94,3 +94,43 @@ def test_the_answers_usage_and_the_metrics_line():
     assert line["_aws"]["CloudWatchMetrics"][0]["Dimensions"] == [["InferenceComponent"]]
     assert [m["Name"] for m in line["_aws"]["CloudWatchMetrics"][0]["Metrics"]] == ["CanaryIsolationBreach",
                                                                                     "CanaryCacheCold"]
+
+
+def test_each_verdicts_line_word_for_word():
+    assert DomainVerdict("a", "ic-a", 1000, 0, 990, 0).line() == \
+        "✔ domain a (ic-a): repeat 990 of 1,000 cached; the other tenant 0"
+    assert DomainVerdict("a", "ic-a", 1000, 0, 990, None).line() == \
+        "✔ domain a (ic-a): repeat 990 of 1,000 cached; the other tenant no count"
+    assert DomainVerdict("a", "ic-a", 1200, 0, 100, 1100).line() == (
+        "✘ domain a (ic-a): isolation breach: the other tenant found 1,100 of 1,200 prompt tokens cached (at most 32 "
+        "allowed); cache cold: the repeat found 100 of 1,200 cached")
+    assert DomainVerdict("a", "ic-a", 1200, 0, None, 0).line() == \
+        "✘ domain a (ic-a): cache cold: the repeat found no cached-token count of 1,200 cached"
+    assert DomainVerdict("a", "ic-a", 1000, 3, 990, 40).as_dict() == {
+        "domain": "a", "component": "ic-a", "prompt_tokens": 1000, "first_cached": 3, "repeat_cached": 990,
+        "other_cached": 40, "isolation_breach": True, "cache_cold": False}
+
+
+def test_the_prompt_and_body_word_for_word():
+    prompt = canary_prompt(20, "n0nce")
+    # 20 - 16 = 4 words after the fixed sentence, drawn from the word list by (i * 7 + len(nonce)) % 16
+    assert prompt == "n0nce: canary. Repeat nothing; answer with one word. copper tundra meadow ember"  # 5, 12, 3, 10
+    assert canary_prompt(1, "x").endswith("word. " + "harbour")  # at least one word
+    prefix_aware_id, body = canary_body("hello", TENANTS[0], KEY, NormalizerSettings())
+    data = json.loads(body)
+    assert prefix_aware_id == routing_identity(TENANTS[0], None, KEY).prefix_aware_id
+    assert (data["max_tokens"], data["temperature"], data["messages"]) == (1, 0, [{"role": "user", "content": "hello"}])
+
+
+def test_a_negative_or_odd_cached_count_is_no_count_and_the_metrics_line_carries_the_figures():
+    odd = {"usage": {"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": -1}}}
+    assert answer_of(json.dumps(odd).encode()) == Answer(9, None)
+    assert answer_of(b'{"usage": {"prompt_tokens": 9, "prompt_tokens_details": []}}') == Answer(9, None)
+    with pytest.raises(ValueError):
+        answer_of(b"[1]")
+    line = json.loads(emf_document(DomainVerdict("a", "ic-a", 1000, 0, 990, 0), 1_700_000_000_000))
+    assert (line["CanaryIsolationBreach"], line["CanaryCacheCold"]) == (0, 0)
+    assert (line["domain"], line["prompt_tokens"], line["repeat_cached"], line["other_cached"]) == ("a", 1000, 990, 0)
+    assert line["_aws"]["Timestamp"] == 1_700_000_000_000 and line["_aws"]["CloudWatchMetrics"][0]["Namespace"] == \
+        "PrefixRouting"
+    assert [m["Unit"] for m in line["_aws"]["CloudWatchMetrics"][0]["Metrics"]] == ["Count", "Count"]

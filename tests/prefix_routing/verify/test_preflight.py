@@ -331,3 +331,99 @@ def test_no_profile_or_no_region_is_one_line_not_a_traceback(tmp_path, arguments
     done = subprocess.run([sys.executable, "-m", "prefix_routing", "preflight", *arguments], capture_output=True,
                           text=True, timeout=120, env=environment, cwd=Path(__file__).resolve().parents[3])
     assert (done.returncode, done.stderr.strip()) == (2, said)
+
+
+# --------------------------------------------------------------------------- each line, word for word
+
+
+def test_the_concurrency_lines_word_for_word():
+    client, stub = stubbed("lambda")
+    stub.add_response("get_account_settings", {"AccountLimit": {"ConcurrentExecutions": 1000,
+                                                                "UnreservedConcurrentExecutions": 1000}}, {})
+    stub.add_response("get_account_settings", {"AccountLimit": {"ConcurrentExecutions": 100,
+                                                                "UnreservedConcurrentExecutions": 100}}, {})
+    stub.add_response("get_account_settings", {"AccountLimit": {}}, {})
+    with stub:
+        fine, short, empty = (check_concurrency(client, 50) for _ in range(3))
+    assert fine.line() == ("✔ Lambda concurrency: 1,000 unreserved of 1,000; the normalizer reserves 50, leaving 950")
+    assert short.detail == ("100 unreserved of 100; the normalizer reserves 50, leaving 50, below Lambda's floor of 100: "
+                            "cdk deploy would fail")
+    assert short.fix == ("the account has no concurrency to reserve, or ask for a higher 'Concurrent executions' quota "
+                         "(Service Quotas, AWS Lambda); on a redeploy, the function's current reservation counts as "
+                         "unreserved again")
+    assert empty.status == FAIL and empty.detail.startswith("0 unreserved of 0;")
+
+
+def test_the_quota_and_bootstrap_lines_word_for_word(tmp_path):
+    client, stub = stubbed("service-quotas")
+    stub.add_response("list_service_quotas", {"Quotas": [quota(QUOTA, 1.0)]}, {"ServiceCode": "sagemaker", "MaxResults": 100})
+    stub.add_response("list_service_quotas", {"Quotas": []}, {"ServiceCode": "sagemaker", "MaxResults": 100})
+    with stub:
+        short = check_instance_quota(client, "ml.g6e.xlarge", 3, REGION)
+        absent = check_instance_quota(client, "ml.g6e.xlarge", 3, REGION)
+    assert short.line() == ("✘ quota ml.g6e.xlarge for endpoint usage: 1 in us-east-1; the stage asks for up to 3 "
+                            "(endpoint.instances_max)\n    fix: request 3 in Service Quotas (SageMaker, 'ml.g6e.xlarge "
+                            "for endpoint usage', quota code L-ABCDEF12), or lower endpoint.instances_max")
+    assert absent.line() == ("✘ quota ml.g6e.xlarge for endpoint usage: no such quota in us-east-1: the type is not "
+                             "offered for endpoints there\n    fix: choose another endpoint.instance_type or another region")
+    ssm, ssm_stub = stubbed("ssm")
+    ssm_stub.add_response("get_parameter", {"Parameter": {"Name": "p", "Value": "5"}},
+                          {"Name": "/cdk-bootstrap/hnb659fds/version"})
+    ssm_stub.add_response("get_parameter", {"Parameter": {"Name": "p", "Value": "v2"}},
+                          {"Name": "/cdk-bootstrap/hnb659fds/version"})
+    path = manifest(tmp_path, {"PrefixRouting-default-Endpoint": 6})
+    with ssm_stub:
+        old = check_bootstrap(ssm, path, "PrefixRouting-default", "default")
+        odd = check_bootstrap(ssm, path, "PrefixRouting-default", "default")
+    assert old.line() == ("✘ CDK bootstrap: version 5; the stacks need at least 6\n    fix: npx cdk bootstrap "
+                          "aws://<account>/<region> to upgrade the bootstrap stack")
+    assert (odd.status, odd.detail) == (UNKNOWN, "/cdk-bootstrap/hnb659fds/version holds 'v2', not a version number")
+
+
+def test_the_model_layer_and_ami_lines_word_for_word():
+    client, stub = stubbed("s3")
+    stub.add_response("list_objects_v2", {"KeyCount": 1}, {"Bucket": "weights", "Prefix": "llama/", "MaxKeys": 1})
+    stub.add_response("list_objects_v2", {"KeyCount": 0}, {"Bucket": "weights", "Prefix": "llama/", "MaxKeys": 1})
+    config = stage_with(model={"model_s3_uri": "s3://weights/llama/"})
+    with stub:
+        there, empty = check_model(client, config), check_model(client, config)
+    assert there.line() == "✔ model weights s3://weights/llama/: objects under the prefix"
+    assert empty.line() == ("✘ model weights s3://weights/llama/: no objects under the prefix\n    fix: upload the "
+                            "uncompressed weights there (aws s3 sync)")
+    other = check_model(None, stage_with(model={"model_id": "Qwen/Qwen2.5-7B-Instruct"}))
+    assert other.line() == ("? model Qwen/Qwen2.5-7B-Instruct: the copy downloads it from the Hugging Face Hub at start, "
+                            "without a token\n    to settle: make sure it is not gated (its page on huggingface.co), or "
+                            "use model.model_s3_uri")
+    lam, lam_stub = stubbed("lambda")
+    lam_stub.add_client_error("get_layer_version_by_arn", "AccessDeniedException", http_status_code=403)
+    lam_stub.add_client_error("get_layer_version_by_arn", "ThrottlingException", http_status_code=429)
+    with lam_stub:
+        refused, throttled = check_web_adapter(lam, REGION), check_web_adapter(lam, REGION)
+    assert refused.status == FAIL and refused.detail == f"{LAYER}: AccessDeniedException"
+    assert (throttled.status, throttled.fix) == (UNKNOWN, "grant lambda:GetLayerVersion to whoever runs preflight")
+    runs = check_image_and_ami(stage_with())
+    assert runs.line() == ("✔ image vllm:server-sagemaker-cuda-v1 on al2-ami-sagemaker-inference-gpu-3-1: "
+                           "al2-ami-sagemaker-inference-gpu-3-1 has driver 550 (CUDA 12.4); the image's CUDA 12.9 runs "
+                           "through its own forward-compatibility libraries")
+    native = check_image_and_ami(stage_with(endpoint={"inference_ami_version": "al2023-ami-sagemaker-inference-gpu-4-1"}))
+    assert native.detail == ("al2023-ami-sagemaker-inference-gpu-4-1 has driver 580 (CUDA 13.0), enough for CUDA 12.9")
+    unknown_image = check_image_and_ami(stage_with(model={"image_tag": "a-new-tag"}))
+    assert unknown_image.fix.startswith("read the image's release notes")
+
+
+def test_the_benchmark_and_email_lines_word_for_word():
+    s3, s3_stub = stubbed("s3")
+    secrets, secrets_stub = stubbed("secretsmanager")
+    arn = "arn:aws:secretsmanager:us-east-1:111122223333:secret:hf-AbCdEf"
+    config = stage_with(benchmark={"s3_uri": "s3://bench/runs/", "tokenizer": "meta-llama/Llama-3.1-8B-Instruct",
+                                   "hf_token_secret_arn": arn})
+    s3_stub.add_client_error("list_objects_v2", "NoSuchBucket", http_status_code=404)
+    secrets_stub.add_response("describe_secret", {"ARN": arn}, {"SecretId": arn})
+    with s3_stub, secrets_stub:
+        bucket, secret = check_benchmark(s3, secrets, config)
+    assert bucket.line() == ("✘ benchmark bucket s3://bench/runs/: no such bucket\n    fix: create it, or set "
+                             "benchmark.s3_uri to one that exists")
+    assert secret.line() == f"✔ benchmark tokenizer token secret: {arn}"
+    emails = check_alarm_emails(stage_with(alarms={"emails": ["a@example.com", "b@example.com"]}))
+    assert emails.line() == ("? alarm e-mails (2): SNS asks each address to confirm after deploy; until then alarms "
+                             "reach no one\n    to settle: confirm the subscription from each inbox after cdk deploy")
