@@ -8,8 +8,7 @@ HELP = "before cdk deploy: check the account's quotas, bootstrap, model access, 
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--stage", default="default", help="the stage file under config/ (default: %(default)s, the "
-                        "embedded default)")
+    parser.add_argument("--stage", default="default", metavar="NAME", help="the stage to check (config/NAME.toml)")
     parser.add_argument("--region", help="AWS region (default: the stage's, else your AWS configuration's)")
     parser.add_argument("--profile", help="AWS profile to use (default: boto3's usual credential chain)")
     parser.add_argument("--cdk-out", default="cdk.out", type=Path,

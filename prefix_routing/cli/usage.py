@@ -40,6 +40,8 @@ def run(args) -> int:
             report = usage.read_usage(usage.file_lines(args.log_file), latency)
         except OSError as error:
             raise UserError(f"--log-file {args.log_file}: {error.strerror or error}") from None
+        except UserError as error:  # missing, a directory, unreadable: said by the lab's reader
+            raise UserError(f"--log-file {args.log_file}: {error}") from None
     else:
         end = int(time.time() * 1000)
         start = end - int(parse_age(args.since) * 1000)

@@ -54,7 +54,7 @@ DEFAULT_OUTPUT_TOKENS = 256  # bodies that do not say how many tokens they want
 LINE_TOO_LONG = f"line longer than {input_bounds.MAX_LINE_BYTES:,} bytes"
 
 
-def _open_lines(path: str | os.PathLike) -> Iterator[tuple[int, str | None]]:
+def open_lines(path: str | os.PathLike) -> Iterator[tuple[int, str | None]]:
     """(line number, text) of a text file, ``.gz`` allowed; text None for a line longer than
     ``input_bounds.MAX_LINE_BYTES`` (read past in bounded pieces, never held whole). Missing file: UserError."""
     path = os.fspath(path)
@@ -93,7 +93,7 @@ def _json_object(text: str):
 def _json_records(c: "Collector", path: str | os.PathLike) -> Iterator[tuple[str, str, dict]]:
     """(``file:line``, text, object) of each JSON-object line; blank lines pass, broken ones are
     counted and reported through the collector (or fail it, when strict)."""
-    for lineno, text in _open_lines(path):
+    for lineno, text in open_lines(path):
         if text is not None and not text.strip():
             continue
         c.lines += 1
@@ -256,7 +256,7 @@ def read_request_log(path: str | os.PathLike, *, strict: bool = False, bytes_per
     c, state = Collector(source, strict), {}
     sampler = _source_sample(sample_rate)
     keep = sampler.keep if sampler is not None else None
-    for lineno, text in _open_lines(path):
+    for lineno, text in open_lines(path):
         if text is not None and not text.strip():
             continue
         c.lines += 1
@@ -360,7 +360,7 @@ def _raw_bodies(c: Collector, path: str | os.PathLike) -> Iterator[tuple[str, by
 
 def count_lines(path: str | os.PathLike) -> int:
     """The non-blank lines of a file (read in bounded pieces)."""
-    return sum(1 for _, text in _open_lines(path) if text is None or text.strip())
+    return sum(1 for _, text in open_lines(path) if text is None or text.strip())
 
 
 class RawBodyReader:
@@ -453,7 +453,7 @@ FORMATS = ("auto", "mooncake", "log", "bodies")
 
 def sniff_format(path: str | os.PathLike) -> str:
     """Guess the format from the first JSON line: Mooncake, the request log, or raw bodies."""
-    for _, text in _open_lines(path):
+    for _, text in open_lines(path):
         if text is None or not text.strip():
             continue
         obj, error = _json_object(text)

@@ -26,6 +26,7 @@ from typing import Final, Iterable
 from prefix_routing.lab import input_bounds
 from prefix_routing.lab.latency import LatencyModel
 from prefix_routing.lab.trace_data import Skipped, is_int
+from prefix_routing.lab.traces import LINE_TOO_LONG, open_lines
 from prefix_routing.rules.telemetry import REQUEST_LOG_MESSAGE, LimitLogField, LogField
 
 NO_TENANT: Final = "(none)"
@@ -108,11 +109,11 @@ def _count(obj: dict, name: str, high: int) -> tuple[int | None, str | None]:
     return (None, problem) if problem else (value, None)
 
 
-def add_line(report: UsageReport, where: str, text: str, latency: LatencyModel | None) -> None:
-    """One log line into ``report``."""
+def add_line(report: UsageReport, where: str, text: str | None, latency: LatencyModel | None) -> None:
+    """One log line into ``report`` (None: a line the reader found too long and did not hold)."""
     report.lines += 1
-    if len(text) > input_bounds.MAX_LINE_BYTES:
-        report.skipped.add(where, f"line longer than {input_bounds.MAX_LINE_BYTES:,} bytes")
+    if text is None or len(text) > input_bounds.MAX_LINE_BYTES:
+        report.skipped.add(where, LINE_TOO_LONG)
         return
     try:
         obj = json.loads(text)
@@ -155,11 +156,11 @@ def add_line(report: UsageReport, where: str, text: str, latency: LatencyModel |
         usage.prefill_saved_s += prefill_saved_s(latency, prompt, cached)
 
 
-def read_usage(lines: Iterable[tuple[str, str]], latency: LatencyModel | None) -> UsageReport:
+def read_usage(lines: Iterable[tuple[str, str | None]], latency: LatencyModel | None) -> UsageReport:
     """Per-tenant usage of ``(where, line)`` pairs (a file's numbered lines, CloudWatch's events)."""
     report = UsageReport()
     for where, text in lines:
-        if text.strip():
+        if text is None or text.strip():
             add_line(report, where, text, latency)
     return report
 
@@ -211,14 +212,11 @@ def render_text(report: UsageReport, *, top: int = 20) -> str:
 MAX_EVENTS: Final = 2_000_000
 
 
-def file_lines(path: str) -> Iterable[tuple[str, str]]:
-    """A saved log's numbered lines (``.gz`` read as gzip); bad UTF-8 replaced, so its line is skipped."""
-    import gzip
-
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as handle:
-        for number, text in enumerate(handle, 1):
-            yield f"{path}:{number}", text
+def file_lines(path: str) -> Iterable[tuple[str, str | None]]:
+    """A saved log's numbered lines, read as the lab reads every trace (``traces.open_lines``: ``.gz``
+    allowed, a line beyond the bound never held whole, a missing file a ``UserError``)."""
+    for number, text in open_lines(path):
+        yield f"{path}:{number}", text
 
 
 def cloudwatch_lines(client, log_group: str, start_ms: int, end_ms: int, *,

@@ -36,14 +36,14 @@ class Ami:
     container_loads_compat: bool  # "NVIDIA Container Toolkit with disabled CUDA-compat mounting"
 
 
-#: The GPU AMI versions of the pinned botocore model (its enum also holds a Neuron AMI, for Inferentia).
+#: The GPU AMI versions of the pinned botocore model (its enum also holds a Neuron AMI, for Inferentia):
+#: the values ``endpoint.inference_ami_version`` allows.
 AMIS: Final = {
     "al2-ami-sagemaker-inference-gpu-2": Ami(535, (12, 2), False),
     "al2-ami-sagemaker-inference-gpu-2-1": Ami(535, (12, 2), True),
     "al2-ami-sagemaker-inference-gpu-3-1": Ami(550, (12, 4), True),
     "al2023-ami-sagemaker-inference-gpu-4-1": Ami(580, (13, 0), True),
 }
-AMI_VERSIONS: Final = (*AMIS, "al2-ami-sagemaker-inference-neuron-2")
 #: An endpoint config without ``InferenceAmiVersion`` (SageMaker's default GPU AMI for ml.p5, ml.g6).
 DEFAULT_AMI: Final = Ami(535, (12, 2), False)
 #: The AMI a stage gets per serving container when it sets none: AWS's deployment page for the vLLM

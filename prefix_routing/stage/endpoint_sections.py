@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from prefix_routing.rules.domains import SALT_ISOLATES
+from prefix_routing.stage.ami import AMIS
 from prefix_routing.stage.presets import INSTANCES
 from prefix_routing.stage.section import Section, allowed
 from prefix_routing.stage.value_checks import (ENV_MAX_LENGTH, ENVIRONMENT_MAX_ENTRIES, STACK_ENVIRONMENT_ENTRIES,
@@ -218,10 +219,7 @@ class EndpointSettings(Section):
         "EnableCaching`), so that a copy added by autoscaling or an update starts without downloading them "
         "again; SageMaker caches on instance types with more than 232 GiB of local NVMe storage whatever this says",
     )
-    inference_ami_version: Literal[
-        "al2-ami-sagemaker-inference-gpu-2", "al2-ami-sagemaker-inference-gpu-2-1",
-        "al2-ami-sagemaker-inference-gpu-3-1", "al2023-ami-sagemaker-inference-gpu-4-1",
-    ] | None = Field(
+    inference_ami_version: Literal[tuple(AMIS)] | None = Field(  # type: ignore[valid-type] - the table's keys
         None,
         description="the instances' AMI (`ProductionVariant.InferenceAmiVersion`), which sets their NVIDIA driver: "
         "gpu-2 and gpu-2-1 driver 535 (CUDA 12.2), gpu-3-1 550 (CUDA 12.4), gpu-4-1 580 (CUDA 13.0); unset: the "

@@ -17,16 +17,7 @@ LWA_LAYER_NAME: Final = "LambdaAdapterLayerArm64"
 LWA_LAYER_VERSION: Final = 30
 
 
-def partition_of(region: str) -> str:
-    """The ARN partition of a region (``cn-north-1``: ``aws-cn``; ``us-gov-west-1``: ``aws-us-gov``)."""
-    if region.startswith("cn-"):
-        return "aws-cn"
-    if region.startswith("us-gov-"):
-        return "aws-us-gov"
-    return "aws"
-
-
-def web_adapter_layer_arn(region: str, partition: str | None = None) -> str:
-    """The pinned layer version's ARN in ``region`` (``partition`` given: as it is, e.g. a CDK token)."""
-    return (f"arn:{partition or partition_of(region)}:lambda:{region}:{LWA_LAYER_ACCOUNT}:layer:{LWA_LAYER_NAME}:"
-            f"{LWA_LAYER_VERSION}")
+def web_adapter_layer_arn(region: str, partition: str) -> str:
+    """The pinned layer version's ARN in ``region`` of ``partition`` (botocore's client knows it:
+    ``client.meta.partition``; a stack passes its own, a CDK token)."""
+    return f"arn:{partition}:lambda:{region}:{LWA_LAYER_ACCOUNT}:layer:{LWA_LAYER_NAME}:{LWA_LAYER_VERSION}"

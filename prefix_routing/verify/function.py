@@ -17,6 +17,7 @@ from typing import Any
 
 from prefix_routing.rules.telemetry import REQUEST_LOG_MESSAGE, LogField
 from prefix_routing.stage.config import StageConfig
+from prefix_routing.stage.web_adapter import LWA_LAYER_NAME
 from prefix_routing.verify.deployment import error_code
 from prefix_routing.verify.report import Check, fail, ok, unknown
 
@@ -26,7 +27,7 @@ REQUIRED_ENVIRONMENT = ("ENDPOINT_NAME", "INFERENCE_COMPONENT_NAME", "TENANT_KEY
 #: Fields of the request log line that the saved queries and the Contributor Insights rules read.
 QUERIED_FIELDS = (LogField.MESSAGE, LogField.TENANT, LogField.PREFIX_FINGERPRINT, LogField.PROMPT_TOKENS,
                   LogField.CACHED_TOKENS, LogField.OUTPUT_TOKENS, LogField.TTFT_MS)
-ADAPTER_LAYER = ":layer:LambdaAdapterLayerArm64:"
+ADAPTER_LAYER = f":layer:{LWA_LAYER_NAME}:"
 #: The principals IAM's policy simulator evaluates: roles and users (an account is not one principal).
 SIMULATED_PRINCIPAL = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/")
 #: The condition key that tells an invocation through the Function URL from a direct one.

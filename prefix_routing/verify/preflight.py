@@ -184,7 +184,7 @@ def check_model(s3: Any, config: StageConfig) -> Check:
 
 
 def check_web_adapter(lambda_client: Any, region: str) -> Check:
-    arn = web_adapter_layer_arn(region)
+    arn = web_adapter_layer_arn(region, lambda_client.meta.partition)
     title = "Lambda Web Adapter layer"
     try:
         layer = lambda_client.get_layer_version_by_arn(Arn=arn)

@@ -118,3 +118,18 @@ def test_a_log_groups_window_is_read_with_the_request_filter_and_cut_at_its_boun
         stub.add_client_error("filter_log_events", "ResourceNotFoundException", "no such group")
         with pytest.raises(UserError, match="--log-group /aws/lambda/f: ResourceNotFoundException"):
             read_usage_from_cloudwatch("/aws/lambda/f", 1000, 2000, LATENCY, client=client)
+
+
+def test_a_saved_log_is_read_as_every_trace_a_line_beyond_the_bound_skipped_not_held(tmp_path):
+    import gzip
+
+    from prefix_routing.lab import input_bounds
+    from prefix_routing.lab.traces import LINE_TOO_LONG
+    from prefix_routing.lab.usage import file_lines
+
+    log = tmp_path / "requests.jsonl.gz"
+    with gzip.open(log, "wt") as handle:
+        handle.write("x" * (input_bounds.MAX_LINE_BYTES + 1) + "\n" + LOG[0] + "\n")
+    report = read_usage(file_lines(str(log)), LATENCY)
+    assert report.lines == 2 and dict(report.skipped.reasons) == {LINE_TOO_LONG: 1}
+    assert report.tenants["arn:aws:iam::111122223333:role/acme"].prompt_tokens == 1000

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import copy
+from types import SimpleNamespace
 
 import boto3
 import pytest
@@ -15,7 +16,7 @@ from botocore.stub import Stubber
 
 from prefix_routing.stage.config import DEFAULT_STAGE_DATA, parse_stage
 from prefix_routing.stage.ami import ami_for, ami_runs_image, image_cuda
-from prefix_routing.stage.web_adapter import partition_of, web_adapter_layer_arn
+from prefix_routing.stage.web_adapter import web_adapter_layer_arn
 from prefix_routing.verify.preflight import (
     check_alarm_emails,
     check_benchmark,
@@ -191,9 +192,14 @@ def test_a_gated_hub_model_is_refused_and_another_hub_model_is_a_question():
 
 
 def test_the_web_adapter_layer_arn_per_partition():
-    assert web_adapter_layer_arn("us-east-1") == LAYER
-    assert web_adapter_layer_arn("cn-north-1").startswith("arn:aws-cn:lambda:cn-north-1:")
-    assert (partition_of("us-gov-west-1"), partition_of("eu-west-1")) == ("aws-us-gov", "aws")
+    assert web_adapter_layer_arn("us-east-1", "aws") == LAYER
+    assert web_adapter_layer_arn("cn-north-1", "aws-cn").startswith("arn:aws-cn:lambda:cn-north-1:")
+    # preflight asks in the partition its client is in (botocore's endpoint data)
+    china = boto3.client("lambda", region_name="cn-north-1", aws_access_key_id="x", aws_secret_access_key="x")
+    with Stubber(china) as stub:
+        stub.add_response("get_layer_version_by_arn", {"LayerVersionArn": "x"},
+                          {"Arn": "arn:aws-cn:lambda:cn-north-1:753240598075:layer:LambdaAdapterLayerArm64:30"})
+        assert check_web_adapter(china, "cn-north-1").status == OK
 
 
 def test_the_layer_exists_in_the_region_or_is_named_missing():
@@ -302,6 +308,8 @@ def test_every_shipped_stage_gets_every_check_and_no_exception(stage, tmp_path):
     from prefix_routing.verify.preflight import PreflightClients, preflight_stage
 
     class Away:
+        meta = SimpleNamespace(partition="aws")  # as a botocore client's
+
         def __getattr__(self, operation):
             def call(**_):
                 raise EndpointConnectionError(endpoint_url="http://127.0.0.1:9/")
