@@ -61,14 +61,17 @@ def run(args) -> int:
     if args.as_sent and not trace.raw_keys:
         raise UserError(f"--as-sent routes raw request bodies on their own bytes; {trace.source} is not raw bodies "
                         "(--format bodies)")
-    trace, config, speed, rate, share, whole = trace_args.sampled(args, trace, config, strategies=strategies,
-                                                               users=args.users, limits=limits, domains=args.domains)
-    results = lab.simulate_many(trace, config, strategies, speed=speed, progress=args.progress, users=args.users,
-                                as_sent=args.as_sent, limits=limits)
-    if rate < 1.0:
-        from prefix_routing.lab.sampling import scale_back
+    trace, sample_plan, whole = trace_args.sampled(args, trace, config, strategies=strategies, users=args.users,
+                                                   limits=limits, domains=args.domains)
+    rate = sample_plan.rate
+    if rate < 1.0:  # each strategy on its own miniature (lab/sampling.py)
+        from prefix_routing.lab.sampling import simulate_miniature
 
-        results = [scale_back(r, trace, rate, whole, config.key_blocks, share) for r in results]
+        results = [simulate_miniature(trace, config, s, rate, whole, speed=args.speed, as_sent=args.as_sent)
+                   for s in strategies]
+    else:
+        results = lab.simulate_many(trace, config, strategies, speed=args.speed, progress=args.progress,
+                                    users=args.users, as_sent=args.as_sent, limits=limits)
     tenants = tenant_summary(trace)
     isolation = None
     if args.domains is not None:
@@ -97,9 +100,9 @@ def run(args) -> int:
     print(f"trace: {trace.source}: {len(trace):,} requests over {trace.duration_s:,.0f} s, {pacing}")
     if rate < 1.0:
         print(f"sample: the routing keys at rate {rate:g} ({len(trace):,} of {whole:,} requests) on "
-              + (f"{config.instances:,} instances (the fleet × {rate:g})" if share > rate
-                 else f"each copy's prefix cache × {rate:g}, the clock × {1 / rate:g}")
-              + "; figures in the whole trace's units")
+              f"{results[0].config.instances:,} instances; figures in the whole trace's units, each with its 95 % band")
+    elif sample_plan.reason:
+        print(f"sample: {sample_plan.note()}")
     print(f"fleet: {lab_args.describe_fleet(config)}")
     for line in lab_args.settings_lines(args, config, strategies, trace):
         print(line)
@@ -177,13 +180,25 @@ def _miss_share(name: str):
     return lambda r: f"{r.misses.get(name, 0.0) / (sum(r.instance_prompt_tokens) or 1):.1%}"
 
 
+def _banded_ms(q: int):
+    """A TTFT percentile in ms, with its band from a sample (low–high) when the run was sampled."""
+    def cell(r) -> str:
+        value = f"{getattr(r, f'ttft_p{q}_s') * 1000:,.0f}"
+        sample = r.extra.get("sample")
+        if not sample:
+            return value
+        low, high = sample["bands"][f"ttft_p{q}_s"]
+        return f"{value} ({low * 1000:,.0f}–{high * 1000:,.0f})"
+    return cell
+
+
 def table(results) -> str:
     rows = [
         ("hit rate (tokens)", lambda r: f"{r.hit_rate:.1%}" + (
             f" ±{r.extra['sample']['hit_rate_band']:.1%}" if "sample" in r.extra else "")),
-        ("TTFT P50 (ms)", lambda r: f"{r.ttft_p50_s * 1000:,.0f}"),
-        ("TTFT P90 (ms)", lambda r: f"{r.ttft_p90_s * 1000:,.0f}"),
-        ("TTFT P99 (ms)", lambda r: f"{r.ttft_p99_s * 1000:,.0f}"),
+        ("TTFT P50 (ms)", _banded_ms(50)),
+        ("TTFT P90 (ms)", _banded_ms(90)),
+        ("TTFT P99 (ms)", _banded_ms(99)),
         ("output tokens/s", lambda r: f"{r.throughput_tok_s:,.0f}"),
         ("max/mean requests", lambda r: f"{r.max_mean_requests:.2f}"),
         ("max/mean tokens", lambda r: f"{r.max_mean_tokens:.2f}"),
@@ -195,13 +210,20 @@ def table(results) -> str:
         (f"waited > {WAIT_S:g} s", lambda r: f"{r.waited_share:.1%}"),
         *([("copy-hours", lambda r: f"{r.copy_hours:,.2f}")] if any(r.autoscaling for r in results) else []),
     ]
+    sampled = any("sample" in r.extra for r in results)
+    if sampled:  # a figure without a band is not printed from a sample
+        rows = [(label, cell if label.startswith(("hit rate", "TTFT")) else (lambda r: "—")) for label, cell in rows]
     names = [r.strategy if len(r.strategy) <= 14 else {"LEAST_OUTSTANDING_REQUESTS": "LEAST_OUTSTAND."}.get(r.strategy, r.strategy[:14]) for r in results]
-    width = max(14, *(len(n) for n in names)) + 2
+    cells = [(label, [cell(r) for r in results]) for label, cell in rows]
+    width = max(14, *(len(n) for n in names), *(len(c) for _, row in cells for c in row)) + 2
     lines = [f"{'':<20}" + "".join(f"{n:>{width}}" for n in names)]
-    for label, cell in rows:
-        lines.append(f"{label:<20}" + "".join(f"{cell(r):>{width}}" for r in results))
+    for label, row in cells:
+        lines.append(f"{label:<20}" + "".join(f"{c:>{width}}" for c in row))
+    if sampled:
+        lines.append("—: not estimated from a sample (shares of the load, counts and throughput need every copy: "
+                     "leave --sample out)")
     n_inst = len(results[0].instance_requests) if results else 0
-    if n_inst <= 16:
+    if n_inst <= 16 and not sampled:
         lines.append("request share per instance:")
         for r, name in zip(results, names):
             total = sum(r.instance_requests) or 1

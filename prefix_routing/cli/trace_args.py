@@ -133,22 +133,27 @@ def key_offset_bytes(args) -> int:
 def add_sample_argument(parser) -> None:
     parser.add_argument("--sample", type=sample_rate, metavar="R|auto",
                         help="simulate a sample of the routing keys (PrefixAwareId and first PrefixLength bytes) at rate R "
-                        "(0.0001-1, or 10%%) on caches and a clock scaled by R (a miniature simulation); auto: about "
-                        "200,000 requests; the hit rate comes with its sampling error")
+                        "(0.0001-1, or 10%%) on R of the instances (a miniature simulation); auto: about 200,000 requests; "
+                        "each figure comes with its 95%% band, and a sample whose error is not bounded (too few "
+                        "instances or keys) runs the whole trace and says why")
 
 
 def sampled(args, trace, config, *, strategies=None, users=None, limits=None, domains=None):
-    """(trace, config, speed, rate, share, requests before sampling) for ``--sample`` (rate 1: unchanged;
-    ``share``: each miniature copy's share of a whole copy's traffic, see ``lab.sampling.miniature``)."""
+    """(the trace to simulate, its ``lab.sampling.SamplePlan``, the whole trace's requests) for
+    ``--sample`` with ``strategies``: the sample of the routing keys, or the whole trace where the
+    plan runs it."""
     from prefix_routing.lab import sampling
 
     requested = getattr(args, "sample", None)
-    speed = getattr(args, "speed", 1.0)
     if requested is None:
-        return trace, config, speed, 1.0, 1.0, len(trace)
+        return trace, sampling.SamplePlan(1.0, 1.0), len(trace)
     rate = sampling.auto_rate(len(trace)) if requested == "auto" else requested
     if rate >= 1.0:
-        return trace, config, speed, 1.0, 1.0, len(trace)
+        return trace, sampling.SamplePlan(rate, 1.0), len(trace)
     sampling.check_sampling(config, users=users, limits=limits, domains=domains)
-    part, fleet, share = sampling.shrink(trace, config, rate, strategies)
-    return part, fleet, speed / share, rate, share, len(trace)
+    chosen = sampling.plan(trace, config, rate, strategies)
+    if chosen.rate >= 1.0:
+        return trace, chosen, len(trace)
+    return sampling.sample(trace, rate, config.key_blocks), chosen, len(trace)
+
+

@@ -41,17 +41,19 @@ def run(args) -> int:
         raise UserError("--sample: a sampled run does not model hot-prefix replication (its shares count requests, "
                         "which a sample thins); leave --sample out")
     # Sampled by the keys of the fleet's own PrefixLength (the first given, or the default). The grid
-    # runs on the miniature of PREFIX_AWARE; the baselines, which spread a key over every copy, on the
-    # whole fleet's copies, each scaled (lab/sampling.py).
-    whole_config = config
-    trace, config, speed, rate, _, whole = trace_args.sampled(args, trace, config, limits=limits,
-                                                            strategies=[Strategy.PREFIX_AWARE])
-    baseline_fleet = None
-    if rate < 1.0 and baselines:
+    # runs on PREFIX_AWARE's miniature (whole copies); the baselines, which spread a key over every
+    # copy, on theirs (every copy, each cache × R, the clock × 1/R): lab/sampling.py.
+    trace, sample_plan, whole = trace_args.sampled(args, trace, config, strategies=[Strategy.PREFIX_AWARE, *baselines],
+                                                   limits=limits)
+    rate, speed, baseline_fleet = sample_plan.rate, getattr(args, "speed", 1.0), None
+    if rate < 1.0:
         from prefix_routing.lab.sampling import miniature
 
-        base, base_share = miniature(whole_config, rate, baselines)
-        baseline_fleet = (base, getattr(args, "speed", 1.0) / base_share)
+        if baselines:
+            base, base_share = miniature(config, rate, Strategy.RANDOM)
+            baseline_fleet = (base, speed / base_share)
+        config, share = miniature(config, rate, Strategy.PREFIX_AWARE)
+        speed /= share
     result = lab.tune(
         trace,
         config,
@@ -64,10 +66,13 @@ def run(args) -> int:
         replications=replications,
         limits=limits,
         baseline_fleet=baseline_fleet,
+        sample_rate=rate,
     )
     if rate < 1.0:
         result["sample"] = {"rate": rate, "requests": len(trace), "of_requests": whole,
                             "keyed_on_prefix_length": config.prefix_length}
+    elif sample_plan.reason:
+        result["sample"] = {"rate": 1.0, "asked": sample_plan.asked, "note": sample_plan.note()}
     out = lab_args.plot_dir(args, "tune")
     result["plots"] = [str(p) for p in lab.plot_tune(result, out)] if out else []
     result["fleet"] = lab_args.settings_dict(args, config)
@@ -79,6 +84,22 @@ def run(args) -> int:
     if result["plots"]:
         print("\nplots: " + ", ".join(result["plots"]), file=sys.stderr)
     return 0
+
+
+def _hit(point: dict) -> str:
+    """A point's hit rate, with its band when it was simulated on a sample."""
+    bands = point.get("bands")
+    return f"{point['hit_rate']:.1%}" + (f" ±{bands['hit_rate']:.1%}" if bands else "")
+
+
+def _ms(point: dict, q: int) -> str:
+    """A point's TTFT percentile in ms, with its band (low–high) when it was simulated on a sample."""
+    value = f"{point[f'ttft_p{q}_s'] * 1000:,.0f}"
+    bands = point.get("bands")
+    if not bands:
+        return value
+    low, high = bands[f"ttft_p{q}_s"]
+    return f"{value} ({low * 1000:,.0f}–{high * 1000:,.0f})"
 
 
 SWEPT_SHARE_FACTORS = (0.1, 0.25, 0.5, 1.0, 2.0)
@@ -106,27 +127,35 @@ def recommendation_warnings(result: dict, config) -> list[str]:
 
 
 def render(result: dict, config, settings: list[str] = ()) -> str:
+    sample = result.get("sample") or {}
+    sampled = sample.get("rate", 1.0) < 1.0
+    if sampled:
+        sample_line = [f"sample: the routing keys of PrefixLength {sample['keyed_on_prefix_length']} at rate "
+                       f"{sample['rate']:g} ({sample['requests']:,} of {sample['of_requests']:,} requests) on "
+                       f"{config.instances:,} instances; each figure with its 95 % band; settings keyed on fewer "
+                       "bytes read somewhat high"]
+    else:
+        sample_line = [f"sample: {sample['note']}"] if sample.get("note") else []
     lines = [
         f"trace: {result['source']}: {result['requests']:,} requests",
-        *([f"sample: the routing keys of PrefixLength {result['sample']['keyed_on_prefix_length']} at rate "
-           f"{result['sample']['rate']:g} ({result['sample']['requests']:,} of {result['sample']['of_requests']:,} "
-           "requests) on caches and a clock scaled by it; settings keyed on fewer bytes read somewhat high"]
-          if result.get("sample") else []),
+        *sample_line,
         f"fleet: {lab_args.describe_fleet(config)}",
         *settings,
         *(f"warning: {w}" for w in result.get("warnings", [])),
         "",
-        f"{'strategy':<28}{'PrefixLength':>13}{'threshold':>10}{'replicas':>9}{'hit rate':>10}{'P50 ms':>9}{'P90 ms':>9}"
-        f"{'max/mean':>9}{'spills':>8}",
     ]
+    widths = (10, 9, 9) if not sampled else (15, 17, 17)
+    lines.append(f"{'strategy':<28}{'PrefixLength':>13}{'threshold':>10}{'replicas':>9}{'hit rate':>{widths[0]}}"
+                 f"{'P50 ms':>{widths[1]}}{'P90 ms':>{widths[2]}}{'max/mean':>9}{'spills':>8}")
 
     def row(p):
         pl = f"{p['prefix_length']:,}" if p["prefix_length"] else "-"
         th = str(p["concurrency_threshold"]) if p["concurrency_threshold"] else "-"
         rep = f"×{p['replication']:g}" if p.get("replication") else "off"  # the target share factor
+        imbalance, spills = ("—", "—") if sampled else (f"{p['max_mean_requests']:.2f}", f"{p['spills']:,}")
         return (
-            f"{p['strategy']:<28}{pl:>13}{th:>10}{rep:>9}{p['hit_rate']:>10.1%}{p['ttft_p50_s'] * 1000:>9,.0f}"
-            f"{p['ttft_p90_s'] * 1000:>9,.0f}{p['max_mean_requests']:>9.2f}{p['spills']:>8,}"
+            f"{p['strategy']:<28}{pl:>13}{th:>10}{rep:>9}{_hit(p):>{widths[0]}}{_ms(p, 50):>{widths[1]}}"
+            f"{_ms(p, 90):>{widths[2]}}{imbalance:>9}{spills:>8}"
         )
 
     for p in result["baselines"]:
@@ -139,9 +168,13 @@ def render(result: dict, config, settings: list[str] = ()) -> str:
         "",
         f"recommended: PrefixLength {rec['prefix_length']} (≈ {rec['key_blocks']} blocks), ConcurrencyThreshold "
         f"{rec['concurrency_threshold']}, replication "
-        f"{'off' if rec['replication'] is None else 'above ' + format(rec['replication'], 'g') + ' fair shares'}: hit rate {rec['hit_rate']:.1%} (best found {result['best_hit_rate']:.1%}), "
-        f"P50 TTFT {rec['ttft_p50_s'] * 1000:,.0f} ms, max/mean {rec['max_mean_requests']:.2f} (bound {result['max_imbalance']})",
+        f"{'off' if rec['replication'] is None else 'above ' + format(rec['replication'], 'g') + ' fair shares'}: "
+        f"hit rate {_hit(rec)}, P50 TTFT {_ms(rec, 50)} ms"
+        + (f" (best hit rate found {result['best_hit_rate']:.1%}), max/mean {rec['max_mean_requests']:.2f} (bound "
+           f"{result['max_imbalance']})" if not sampled else ""),
     ]
+    if sampled:
+        lines.append("—: not estimated from a sample (the load's shares and counts need every copy: leave --sample out)")
     if result["note"]:
         lines.append(f"note: {result['note']}")
     dominant = (result.get("tenants") or {}).get("dominant")

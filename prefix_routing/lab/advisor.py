@@ -87,28 +87,38 @@ def advise(
     grid_thresholds = sorted({*(t for t in thresholds if t >= min_threshold), config.concurrency_threshold})
     deployed = (config.replication,)  # the front door's replication as deployed
     memo: dict = {}  # the two passes share simulations (the best length at the current threshold) and keys
-    simulated, speed, baseline_fleet = trace, 1.0, None
+    simulated, speed, baseline_fleet, chosen = trace, 1.0, None, None
     if sample < 1.0:
         sampling.check_sampling(current_config)
-        # RANDOM, the verdict's baseline, spreads a key over every copy: the whole fleet's copies, each
-        # scaled; the grid's PREFIX_AWARE gets the miniature fleet of whole copies.
-        random_fleet, random_share = sampling.miniature(current_config, sample, (Strategy.RANDOM,))
+        chosen = sampling.plan(trace, current_config, sample, (Strategy.PREFIX_AWARE, Strategy.RANDOM),
+                               presampled=presampled)
+        sample = chosen.rate  # 1: the whole window, where a sample's error is not bounded
+    if sample < 1.0:
+        # RANDOM, the verdict's baseline, spreads a key over every copy: every copy, each cache × R
+        # and the clock × 1/R; the grid's PREFIX_AWARE gets whole copies (lab/sampling.py).
+        random_fleet, random_share = sampling.miniature(current_config, sample, Strategy.RANDOM)
         baseline_fleet = (random_fleet, 1.0 / random_share)
         whole = current_config
-        current_config, share = sampling.miniature(whole, sample, (Strategy.PREFIX_AWARE,))
+        current_config, share = sampling.miniature(whole, sample, Strategy.PREFIX_AWARE)
         if not presampled:
             simulated = sampling.sample(trace, sample, whole.key_blocks)
         speed = 1.0 / share
     by_length = tune(simulated, current_config, prefix_lengths=grid_lengths, thresholds=[config.concurrency_threshold],
-                     baselines=(), replications=deployed, memo=memo, speed=speed)
+                     baselines=(), replications=deployed, memo=memo, speed=speed, sample_rate=sample)
     current = next(p for p in by_length["points"] if p["prefix_length"] == config.prefix_length)
     tuned = tune(simulated, current_config, prefix_lengths=[by_length["recommendation"]["prefix_length"]],
                  thresholds=grid_thresholds, baselines=(Strategy.RANDOM,), replications=deployed,
-                 reuse_share=reuse["prefix_reuse"], memo=memo, speed=speed, baseline_fleet=baseline_fleet)
+                 reuse_share=reuse["prefix_reuse"], memo=memo, speed=speed, baseline_fleet=baseline_fleet,
+                 sample_rate=sample)
     best = _choose(tuned["recommendation"], current, by_length["points"] + tuned["points"], settings)
     kept = best is current
     gain_points, ttft_gain = _gains(best, current)
-    better = not kept and (gain_points >= settings.gain_points - 1e-9 or ttft_gain >= settings.ttft_gain - 1e-9)
+    gain_band = _gain_band(best, current)
+    # From a sample, a change must clear the bar at the low end of its band; from a sample whose
+    # error is not bounded, none is advised.
+    low_points, low_ttft = gain_points - gain_band[0], gain_band[1][0]
+    better = not kept and (chosen is None or chosen.bounded) and (
+        low_points >= settings.gain_points - 1e-9 or low_ttft >= settings.ttft_gain - 1e-9)
     random = next(b for b in tuned["baselines"] if b["strategy"] == Strategy.RANDOM.value)
     # The bound counts only reuse within a tenant's namespace (salts and routing ids allow no other);
     # a log without tenants or routing ids is one namespace: the shared bound.
@@ -116,10 +126,11 @@ def advise(
     bound, measured = namespaces["bound_tokens"], trace.measured_hit_rate()
     sampled = None
     if sample < 1.0:
-        k = config_for_trace(current_config, simulated).key_blocks
-        now = memo.get((k, config.concurrency_threshold, config.replication))  # tune's run of the current settings
         sampled = {"rate": sample, "requests": len(simulated), "at_source": presampled,
-                   "hit_rate_band": None if now is None else sampling.result_band(now, simulated, sample, k)}
+                   "hit_rate_band": (current.get("bands") or {}).get("hit_rate")}
+    if chosen is not None and chosen.reason:
+        sampled = {**(sampled or {"rate": 1.0, "requests": len(trace)}), "asked": chosen.asked,
+                   "bounded": chosen.bounded, "note": chosen.note()}
     return {
         "window": {"source": trace.source, "requests": len(trace), "duration_s": trace.duration_s,
                    **({"sample": sampled} if sampled else {})},
@@ -132,6 +143,7 @@ def advise(
         "kept_current": kept,
         "gain_points": gain_points,
         "ttft_gain": ttft_gain,
+        **({"gain_band": {"points": gain_band[0], "ttft_gain": list(gain_band[1])}} if "bands" in current else {}),
         "better": better,
         "overloaded": overload_text(current["waited_share"], current["timeouts"], len(trace), config.timeout_s),
         "verdict": routing_verdict(prefix_aware=best, random=random, reuse_share=reuse["prefix_reuse"]),
@@ -147,6 +159,19 @@ def _gains(candidate: dict, current: dict) -> tuple[float, float]:
     points = 100.0 * (candidate["hit_rate"] - current["hit_rate"])
     ttft = 1.0 - candidate["ttft_p50_s"] / current["ttft_p50_s"] if current["ttft_p50_s"] > 0 else 0.0
     return points, ttft
+
+
+def _gain_band(candidate: dict, current: dict) -> tuple[float, tuple[float, float]]:
+    """(± points, (low, high) share of P50 TTFT cut) of the gains of two settings simulated on a
+    sample: the ends of their bands against each other (no gain band without a sample)."""
+    a, b = candidate.get("bands"), current.get("bands")
+    if a is None or b is None:
+        _, ttft = _gains(candidate, current)
+        return 0.0, (ttft, ttft)
+    (cand_low, cand_high), (cur_low, cur_high) = a["ttft_p50_s"], b["ttft_p50_s"]
+    low = 1.0 - cand_high / cur_low if cur_low > 0 else 0.0
+    high = 1.0 - cand_low / cur_high if cur_high > 0 else 0.0
+    return 100.0 * (a["hit_rate"] + b["hit_rate"]), (low, high)
 
 
 def _no_worse(candidate: dict, current: dict) -> bool:
@@ -194,7 +219,8 @@ def _above_bound(trace: Trace, measured: float | None, bound: float) -> dict | N
 def _settings(prefix_length: int, threshold: int, point: dict) -> dict:
     return {"prefix_length": prefix_length, "concurrency_threshold": threshold,
             "predicted_hit_rate": point["hit_rate"], "ttft_p50_s": point["ttft_p50_s"],
-            "waited_share": point["waited_share"], "timeouts": point["timeouts"]}
+            "waited_share": point["waited_share"], "timeouts": point["timeouts"],
+            **({"bands": point["bands"]} if "bands" in point else {})}
 
 
 def notify(advice: dict, state: dict | None, after_runs: int) -> tuple[bool, dict]:
@@ -237,13 +263,13 @@ def render(advice: dict) -> str:
     cur, best = advice["current"], advice["best"]
     measured = advice["measured_hit_rate"]
     w = advice["window"]
-    sampled = w.get("sample")
+    sampled = w.get("sample") or {}
     lines = [
         f"window: {w['source']}: {w['requests']:,} requests over {w['duration_s']:,.0f} s"
         + (f"; simulated on a sample of its routing keys at rate {sampled['rate']:g} ({sampled['requests']:,} "
-           f"requests{', sampled in the log' if sampled.get('at_source') else ''}"
-           + (f"; predicted hit rate ±{100 * sampled['hit_rate_band']:.1f} points, 95 %"
-              if sampled.get("hit_rate_band") is not None else "") + ")" if sampled else ""),
+           f"requests{', sampled in the log' if sampled.get('at_source') else ''}; each prediction with its 95 % band)"
+           if sampled.get("rate", 1.0) < 1.0 else ""),
+        *([f"sample: {sampled['note']}"] if sampled.get("note") else []),
         f"hit rate measured in production: {'not reported' if measured is None else f'{measured:.1%}'}; "
         f"bound (one infinite cache per tenant's namespace): {advice['hit_rate_bound']:.1%}",
     ]
@@ -254,7 +280,7 @@ def render(advice: dict) -> str:
     if advice.get("measured_above_bound"):
         lines.append(f"warning: {advice['measured_above_bound']['text']}")
     lines.append(f"now:  PrefixLength {cur['prefix_length']}, ConcurrencyThreshold {cur['concurrency_threshold']}: "
-                 f"predicted hit rate {cur['predicted_hit_rate']:.1%}, P50 TTFT {_ms(cur['ttft_p50_s'])}")
+                 f"predicted hit rate {_hit(cur)}, P50 TTFT {_p50(cur)}")
     if advice.get("overloaded"):
         lines.append(f"warning: {advice['overloaded']}")
     if advice.get("kept_current"):
@@ -264,8 +290,7 @@ def render(advice: dict) -> str:
     else:
         lines.append(
             f"best: PrefixLength {best['prefix_length']}, ConcurrencyThreshold {best['concurrency_threshold']}: "
-            f"predicted hit rate {best['predicted_hit_rate']:.1%}, P50 TTFT {_ms(best['ttft_p50_s'])} "
-            f"({advice['gain_points']:+.1f} points, P50 {-advice['ttft_gain']:+.0%})")
+            f"predicted hit rate {_hit(best)}, P50 TTFT {_p50(best)} ({_gain_text(advice)})")
     lines += [
         f"prefix reuse share: {advice['prefix_reuse_share']:.1%} of requests (the rule of thumb: above 50 %)",
     ]
@@ -280,6 +305,31 @@ def render(advice: dict) -> str:
     elif not advice.get("kept_current"):
         lines.append("the current settings are within the notification bar of the best found: no change")
     return "\n".join(lines)
+
+
+def _hit(settings: dict) -> str:
+    """A setting's predicted hit rate, with its band when it was simulated on a sample."""
+    bands = settings.get("bands")
+    return f"{settings['predicted_hit_rate']:.1%}" + (f" ±{100 * bands['hit_rate']:.1f} points" if bands else "")
+
+
+def _p50(settings: dict) -> str:
+    """A setting's predicted P50 TTFT, with its band (low–high) when it was simulated on a sample."""
+    bands = settings.get("bands")
+    if not bands:
+        return _ms(settings["ttft_p50_s"])
+    low, high = bands["ttft_p50_s"]
+    return f"{_ms(settings['ttft_p50_s'])} ({_ms(low).removesuffix(' ms')}–{_ms(high)})"
+
+
+def _gain_text(advice: dict) -> str:
+    """The best setting's gains on the current ones, with their bands from a sample."""
+    band = advice.get("gain_band")
+    if not band:
+        return f"{advice['gain_points']:+.1f} points, P50 {-advice['ttft_gain']:+.0%}"
+    low, high = band["ttft_gain"]
+    return (f"{advice['gain_points']:+.1f} ±{band['points']:.1f} points, P50 {-advice['ttft_gain']:+.0%} "
+            f"({-high:+.0%} to {-low:+.0%})")
 
 
 def _ms(seconds: float) -> str:

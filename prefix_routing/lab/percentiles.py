@@ -12,10 +12,11 @@ def percentiles(values: Sequence[float], qs=(50, 90, 99)) -> dict:
     if not len(values):
         return {f"p{q}": 0.0 for q in qs}
     ordered = sorted(map(float, values))
-    return {f"p{q}": _interpolated(ordered, q) for q in qs}
+    return {f"p{q}": interpolated(ordered, q) for q in qs}
 
 
-def _interpolated(ordered: list[float], q: float) -> float:
+def interpolated(ordered: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0 to 100) of values sorted already, as :func:`percentiles` reads it."""
     position = (len(ordered) - 1) * q / 100.0
     low = math.floor(position)
     high = min(low + 1, len(ordered) - 1)

@@ -1,4 +1,4 @@
-"""Miniature simulation: a sample of the keys at rate R, on caches and a clock scaled by R.
+"""Miniature simulation: a sample of the routing keys at rate R, on a fleet that keeps each copy's share.
 
 Simulating a cache over a huge trace is the problem SHARDS (Waldspurger et al., FAST 2015) and
 miniature simulations (ATC 2017) answer: keep every request of a sampled subset of keys, chosen by
@@ -12,33 +12,40 @@ share at full weight in a cache scaled by R, so its hit rate reads somewhat high
 
 The miniature fleet keeps each copy's share of the keys and of the load:
 
-- a large fleet routed by PREFIX_AWARE shrinks with the sample: R × its instances (when that is at
-  least MIN_MINIATURE_INSTANCES), each copy whole, so a copy holds as many keys, in as much cache, at
-  the same rate as in the whole fleet (strategies that spread a key over every copy, RANDOM and the
-  others, need the whole fleet's copies and scale each copy instead). Scaling each copy's cache instead would leave a few keys per copy
-  in a small cache, where chance piles keys onto some copies until they evict (measured: −1.1 points
-  at 10 % and −15 at 1 % on an hour of 1,000 requests per second on 2,331 copies);
-- a small fleet keeps its copies, and each copy gets the share s = R of the whole's traffic: its
-  prefix cache holds s of its blocks (``FleetConfig.cache_scale``) and time runs 1/s times as fast
-  (``speed``), so the sample's requests reach each copy at the whole trace's rate, and its queue and
-  batch are what they would be (an engine's admission budget stays whole);
+- a fleet routed by a strategy that keeps a key on a copy (PREFIX_AWARE, KV_AWARE) shrinks with the
+  sample: ⌈R × its instances⌉ (at least MIN_MINIATURE_INSTANCES), each copy whole, so a copy holds
+  as many keys, in as much cache, at the same rate as in the whole fleet. Scaling each copy's cache
+  instead would leave a few keys per copy in a small cache, where chance piles keys onto some copies
+  until they evict (measured: −1.1 points at 10 % and −15 at 1 % on an hour of 1,000 requests per
+  second on 2,331 copies);
+- the strategies that spread a key over every copy keep the fleet's copies, and each copy gets the
+  share s = R of the whole's traffic: its prefix cache holds s of its blocks
+  (``FleetConfig.cache_scale``) and time runs 1/s times as fast (``speed``), so the sample's requests
+  reach each copy at the whole trace's rate, and its queue and batch are what they would be (an
+  engine's admission budget stays whole);
 - durations reported (copy-hours, hot seconds, the hit rate over time) are scaled back; routing, the
   latency model and the caches' rules are the same code.
 
-The error band (:func:`hit_rate_band`) is the sampling error of the hit rate as a ratio estimator
-over the sampled keys (cluster sampling without replacement): it says how much another sample of
-keys could move the figure, not the bias of scaling the caches (measured in docs/lab.md). Where
-few keys carry most of the traffic (a short PrefixLength inside a shared system prompt, heavy skew), a
-sample keeps or drops them whole and the band is wide: such a trace is not worth sampling.
+A sample whose error is not bounded is not run (:func:`plan`): the whole trace runs instead, and
+the run says why. Three cases, measured (docs/lab.md): a fleet that routes keys to copies
+(PREFIX_AWARE, KV_AWARE) too small for a miniature of at least MIN_MINIATURE_INSTANCES whole copies
+(scaling a few copies' caches instead misses by −0.5 to −15 points, outside any band); a sample
+that leaves the strategies that spread keys fewer than MIN_REQUESTS_PER_COPY requests a copy; and
+a sample of fewer than MIN_EFFECTIVE_KEYS effective keys (a few keys carry most prompt tokens, and
+whether they fall in the sample decides the figure). Every figure a sampled run reports comes with
+its 95 % band (lab/sample_bands.py): over the miniature's copies where they are whole, else over
+its keys.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
+from prefix_routing.lab import sample_bands
+from prefix_routing.lab.routing import Strategy
+from prefix_routing.lab.simulate import simulate
 from prefix_routing.lab.trace_data import Trace
 from prefix_routing.lab.trace_keys import trace_keys
 from prefix_routing.rules import sampling as source
@@ -51,9 +58,37 @@ SAMPLE_BUCKETS = source.SAMPLE_BUCKETS
 AUTO_TARGET_REQUESTS = 200_000
 #: The lowest rate: below it too few keys remain to say anything.
 MIN_RATE = source.MIN_RATE
-#: A miniature fleet has at least this many instances; a smaller one keeps the whole fleet's and
-#: scales each copy's cache and clock instead.
+#: A miniature of a fleet that routes keys to copies has at least this many whole instances: fewer
+#: copies pile the sample's keys onto some of them (their band's t factor is 2.4 at 8).
 MIN_MINIATURE_INSTANCES = 8
+#: A sample keeps at least this many effective routing keys (Kish's: (Σ tokens)² / Σ tokens² over
+#: the keys): below it a few keys decide the figure, whichever fall in the sample.
+MIN_EFFECTIVE_KEYS = 100
+#: A miniature of every copy (the strategies that spread a key over every copy) leaves each copy at
+#: least this many requests: fewer, and the run is mostly the start of each copy's queue (at 15 a
+#: copy, P90 TTFT 4 % off).
+MIN_REQUESTS_PER_COPY = 50
+
+
+@dataclass(frozen=True)
+class SamplePlan:
+    """What a run asked to sample at ``asked`` does: ``rate``, the rate it simulates at (1: the whole
+    trace); ``reason``: why it does not sample as asked (None: it does); ``bounded``: whether its
+    figures' error is bounded (False only for a window sampled at the source, which has no whole to
+    fall back on)."""
+
+    asked: float
+    rate: float
+    reason: str | None = None
+    bounded: bool = True
+
+    def note(self) -> str | None:
+        """The line a command prints when the run does not sample as asked."""
+        if self.reason is None:
+            return None
+        if self.rate >= 1.0:
+            return f"--sample {self.asked:g}: ran the whole trace instead: {self.reason}"
+        return f"sampled at {self.asked:g} at the source, and not bounded: {self.reason}"
 
 
 def parse_rate(text: str | float | None) -> float | str | None:
@@ -120,25 +155,53 @@ def sample(trace: Trace, rate: float, key_blocks: int) -> Trace:
     )
 
 
-def hit_rate_band(trace: Trace, cached: Sequence[float], served: Sequence[bool], rate: float, key_blocks: int) -> float:
-    """Half the width of the 95 % band of the hit rate: the ratio estimator's sampling error over
-    the sampled keys (each key a cluster; finite-population factor 1 − rate)."""
-    if rate >= 1.0:
-        return 0.0
+def effective_keys(trace: Trace, key_blocks: int) -> float:
+    """Kish's effective number of routing keys: (Σ tokens)² / Σ tokens² over the keys' prompt tokens
+    (as many as there are keys when they weigh alike; about 31 for 15,000 keys of Zipf 1.1)."""
     per_key: dict = {}
-    for key, c, p, ok in zip(sample_keys(trace, key_blocks), cached, trace.prompt_tokens, served):
-        if ok:
-            got = per_key.get(key)
-            per_key[key] = (c, p) if got is None else (got[0] + c, got[1] + p)
-    n = len(per_key)
-    total_c = math.fsum(c for c, _ in per_key.values())
-    total_p = math.fsum(p for _, p in per_key.values())
-    if n < 2 or not total_p:
-        return 1.0  # one key: nothing to say about the others
-    h = total_c / total_p
-    spread = math.fsum((c - h * p) ** 2 for c, p in per_key.values())
-    variance = (1.0 - rate) * n / (n - 1) * spread / total_p**2
-    return 1.96 * math.sqrt(variance)
+    for key, p in zip(sample_keys(trace, key_blocks), trace.prompt_tokens):
+        per_key[key] = per_key.get(key, 0.0) + p
+    squares = math.fsum(p * p for p in per_key.values())
+    return math.fsum(per_key.values()) ** 2 / squares if squares else 0.0
+
+
+def keys_stay_on_copies(strategies) -> bool:
+    """Whether a strategy simulated keeps a key on a copy (PREFIX_AWARE's home, KV_AWARE's cache), so
+    that its miniature needs whole copies."""
+    return any(s in (Strategy.PREFIX_AWARE, Strategy.KV_AWARE) for s in strategies)
+
+
+def plan(trace: Trace, config, rate: float, strategies=None, *, presampled: bool = False) -> SamplePlan:
+    """What a run asked to sample ``trace`` at ``rate`` with ``strategies`` (default the config's)
+    does (:class:`SamplePlan`): sample, or run the whole trace where a sample's error is not
+    bounded. ``presampled``: ``trace`` is the sample already (a log read at the source), judged as it
+    is; it has no whole to run instead."""
+    if rate >= 1.0:
+        return SamplePlan(rate, 1.0)
+    strategies = strategies or (config.strategy,)
+    sampled_requests = len(trace) if presampled else rate * len(trace)
+    instances = miniature_instances(config.instances, rate)
+    reason = None
+    if keys_stay_on_copies(strategies) and instances < MIN_MINIATURE_INSTANCES:
+        reason = (f"{config.instances:,} instances at rate {rate:g} leave {instances}, fewer than the "
+                  f"{MIN_MINIATURE_INSTANCES} a miniature needs to keep each copy's share of the keys and the load "
+                  f"(at this rate it takes {math.floor((MIN_MINIATURE_INSTANCES - 1) / rate + 1e-9) + 1:,} instances "
+                  "or more)")
+    elif not all(keys_stay_on_copies((s,)) for s in strategies) and (
+            sampled_requests < MIN_REQUESTS_PER_COPY * config.total_copies):
+        reason = (f"the sample leaves about {sampled_requests / config.total_copies:,.0f} requests per copy to the "
+                  f"strategies that spread a key over every copy, fewer than {MIN_REQUESTS_PER_COPY}: their queues "
+                  "would not settle")
+    else:
+        found = effective_keys(trace, config.key_blocks)
+        kept = found if presampled else found * rate
+        if kept < MIN_EFFECTIVE_KEYS:
+            reason = (f"the sample keeps about {kept:,.0f} effective routing keys, fewer than {MIN_EFFECTIVE_KEYS}: a few "
+                      "keys carry most prompt tokens, and whether they fall in the sample decides the figures"
+                      + ("" if presampled else f" ({found:,.0f} effective keys in the whole trace)"))
+    if reason is None:
+        return SamplePlan(rate, rate)
+    return SamplePlan(rate, rate, reason, bounded=False) if presampled else SamplePlan(rate, 1.0, reason)
 
 
 def check_sampling(config, *, users=None, limits=None, domains=None) -> None:
@@ -158,34 +221,51 @@ def check_sampling(config, *, users=None, limits=None, domains=None) -> None:
             raise UserError(f"--sample: a sampled run does not model {what}; leave --sample out")
 
 
-def miniature(config, rate: float, strategies=None):
-    """(the fleet of a sample at ``rate``, each copy's share s of a whole copy's traffic): R × the
-    instances when every strategy simulated is PREFIX_AWARE (``strategies``; default the config's)
-    and that leaves at least MIN_MINIATURE_INSTANCES (s about 1), else the same instances with each
-    copy's prefix cache scaled by s = R; the caller runs the clock 1/s times as fast."""
-    from prefix_routing.lab.routing import Strategy
+def miniature_instances(instances: int, rate: float) -> int:
+    """⌈R × ``instances``⌉, the miniature's instances (a product a rounding above a whole number is that number)."""
+    return math.ceil(rate * instances - 1e-9)
 
-    keyed = all(s is Strategy.PREFIX_AWARE for s in (strategies or (config.strategy,)))
-    instances = round(rate * config.instances)
-    if not keyed or instances < MIN_MINIATURE_INSTANCES:
+
+def miniature(config, rate: float, strategy=None):
+    """(the fleet of a sample at ``rate``, each copy's share s of a whole copy's traffic; the caller
+    runs the clock 1/s times as fast). ``strategy`` (default the config's):
+
+    - one that keeps a key on a copy gets ⌈R × the instances⌉ whole instances, s = R × instances /
+      that (about 1, each copy's cache × s), when that leaves at least MIN_MINIATURE_INSTANCES: each
+      copy holds as many keys, in as much cache, at the same rate as a copy of the whole fleet;
+    - one that spreads a key over every copy, or too few instances (a window sampled at the source,
+      which has no whole to run instead), gets every instance, each copy's cache × R and s = R: each
+      copy sees R of the keys, R of its requests over the trace, in R of its cache (SHARDS on each
+      copy), at the whole trace's rate."""
+    instances = miniature_instances(config.instances, rate)
+    if not keys_stay_on_copies((strategy or config.strategy,)) or instances < MIN_MINIATURE_INSTANCES:
         return replace(config, cache_scale=rate), rate
     share = rate * config.instances / instances
-    return replace(config, instances=instances, cache_scale=min(1.0, share)), share
+    return replace(config, instances=instances, cache_scale=share), share
 
 
-def shrink(trace: Trace, config, rate: float, strategies=None):
+def shrink(trace: Trace, config, rate: float, strategy=None):
     """(the sampled trace, its miniature fleet, each miniature copy's share of a whole copy's
     traffic): :func:`sample` by ``config``'s routing keys and :func:`miniature`, which every sampled
     run does alike; run the result with the clock 1/share times as fast."""
-    fleet, share = miniature(config, rate, strategies)
+    fleet, share = miniature(config, rate, strategy)
     return sample(trace, rate, config.key_blocks), fleet, share
+
+
+def simulate_miniature(sample_trace: Trace, config, strategy, rate: float, whole_requests: int, *,
+                       speed: float = 1.0, as_sent: bool = False):
+    """One strategy on the miniature of a sample at ``rate`` (:func:`miniature`), its result in the
+    whole trace's units with its bands (:func:`scale_back`)."""
+    fleet, share = miniature(replace(config, strategy=strategy), rate)
+    result = simulate(sample_trace, fleet, speed=speed / share, as_sent=as_sent)
+    return scale_back(result, sample_trace, rate, whole_requests, config.key_blocks, share)
 
 
 def scale_back(result, trace: Trace, rate: float, full_requests: int, key_blocks: int, share: float):
     """A miniature's result in the whole trace's units: durations (its clock ran 1/``share`` times as
     fast) scaled back, copy-hours for the whole fleet over the trace's span plus the last requests'
-    tail (which runs at the engines' speed, not the clock's), and the sample's rate, size and
-    hit-rate band in ``extra["sample"]``."""
+    tail (which runs at the engines' speed, not the clock's), and the sample's rate, size and bands
+    in ``extra["sample"]``."""
     if rate >= 1.0:
         return result
     copies = result.config.total_copies
@@ -194,14 +274,21 @@ def scale_back(result, trace: Trace, rate: float, full_requests: int, key_blocks
     result.copy_hours = copies * share / rate * (trace.duration_s + tail) / 3600.0
     result.hotspot_seconds /= share
     result.hit_over_time = [(t / share, h) for t, h in result.hit_over_time]
+    found = result_bands(result, trace, rate, key_blocks)
     result.extra["sample"] = {"rate": rate, "requests": len(trace), "of_requests": full_requests,
-                              "instances": result.config.instances,
-                              "hit_rate_band": result_band(result, trace, rate, key_blocks)}
+                              "instances": result.config.instances, "hit_rate_band": found.pop("hit_rate"),
+                              "bands": found}
     return result
 
 
-def result_band(result, trace: Trace, rate: float, key_blocks: int) -> float:
-    """:func:`hit_rate_band` of a miniature's result (a failed request counts at the timeout, unserved)."""
+def result_bands(result, trace: Trace, rate: float, key_blocks: int, keys: list | None = None) -> dict:
+    """:func:`sample_bands.bands` of a miniature's result, the wider of two: over its copies (each a
+    draw of what one copy of the whole fleet gets: which keys, so how loaded) and over its routing
+    keys (which keys the sample kept, where a key spreads over every copy); a failed request counts
+    at the timeout, unserved. ``keys``: the sample's keys at ``key_blocks``, when the caller has them."""
     timeout = result.config.timeout_s if result.config.timeout_s is not None else math.inf
     served = [t < timeout for t in result.ttft]
-    return hit_rate_band(trace, result.cached_tokens, served, rate, key_blocks)
+    by_copy, by_key = (sample_bands.bands(cached=result.cached_tokens, prompts=trace.prompt_tokens, ttft=result.ttft,
+                                          served=served, clusters=clusters, fpc=1.0 - rate)
+                       for clusters in (result.copy_of, keys or sample_keys(trace, key_blocks)))
+    return sample_bands.wider(by_copy, by_key)

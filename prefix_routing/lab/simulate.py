@@ -67,6 +67,7 @@ class SimResult:
     tenants: list[dict] | None = None
     throttled: int = 0
     cached_tokens: Sequence[float] = ()  # per request, in the trace's order (the simulator's own array)
+    copy_of: Sequence[int] = ()  # per request, the copy that served it (or failed it)
 
     def as_dict(self) -> dict:
         total_req = sum(self.instance_requests) or 1
@@ -452,6 +453,7 @@ def _result(sim: Simulator) -> SimResult:
         tenants=None if sim.tenant_book is None else tenant_rows(sim.tenant_book, ttft, ok, sim.outputs, span),
         throttled=0 if sim.tenant_book is None else sim.tenant_book.throttled_total,
         cached_tokens=sim.cached,
+        copy_of=sim.copy_of,
     )
 
 

@@ -9,6 +9,7 @@ from prefix_routing.lab.fleet_config import FleetConfig
 from prefix_routing.lab.grids import CANDIDATE_PREFIX_LENGTHS, CANDIDATE_THRESHOLDS
 from prefix_routing.lab.progress import progress_bar
 from prefix_routing.lab.routing import CONCURRENCY_THRESHOLD_RANGE, PREFIX_LENGTH_RANGE, Strategy
+from prefix_routing.lab.sampling import result_bands
 from prefix_routing.lab.simulate import SimResult, config_for_trace, for_strategy, simulate
 from prefix_routing.lab.tenants import tenant_summary
 from prefix_routing.lab.trace_keys import trace_keys
@@ -34,6 +35,7 @@ def tune(
     limits: LimitSettings | None = None,
     memo: dict | None = None,
     baseline_fleet: tuple[FleetConfig, float] | None = None,
+    sample_rate: float = 1.0,
 ) -> dict:
     """Sweep PREFIX_AWARE over PrefixLength × ConcurrencyThreshold (× hot-prefix replication: None
     for off, or settings to try), plus baseline strategies. With RANDOM among them the result has
@@ -49,7 +51,9 @@ def tune(
     and limits (the advisor's coordinate search), so that a setting simulated before is not simulated
     again and each key length's routing keys are computed once. ``baseline_fleet``: (fleet, speed)
     the baselines run on instead of ``config`` and ``speed`` (a miniature's: strategies that spread a
-    key over every copy keep the whole fleet's copies, lab/sampling.py).
+    key over every copy run on a miniature of their own, lab/sampling.py). ``sample_rate`` below 1:
+    ``trace`` is a sample of the routing keys at ``config``'s PrefixLength at that rate, and each
+    point carries the bands of its figures (``bands``: lab/sample_bands.py).
     """
     for pl in prefix_lengths:
         if not PREFIX_LENGTH_RANGE[0] <= pl <= PREFIX_LENGTH_RANGE[1]:
@@ -70,6 +74,7 @@ def tune(
     runs = len(by_blocks) * len(thresholds) * len(replications) + len(baselines)
     bar = progress_bar(len(trace) * runs, "tune", progress)
     points = []
+    banded = _bands_of_sample(trace, config, sample_rate)
     try:
         baseline_rows = []
         base_config, base_speed = baseline_fleet or (config, speed)
@@ -78,7 +83,7 @@ def tune(
             # (fixed copies where autoscaling is not modelled)
             r = simulate(trace, for_strategy(base_config, s), speed=base_speed, bar=bar, limits=limits,
                          explain_misses=False)  # (a point has no misses by cause)
-            baseline_rows.append(_point(r, None))
+            baseline_rows.append(_point(r, None, banded(r)))
         cache: dict[tuple, SimResult] = {} if memo is None else memo
         for k, pl in by_blocks.items():
             keys = cache.get(("keys", k))
@@ -103,7 +108,7 @@ def tune(
             k = replace(config, prefix_length=pl).key_blocks
             for t in thresholds:
                 for rep in replications:
-                    points.append(_point(cache[(k, t, rep)], pl))
+                    points.append(_point(cache[(k, t, rep)], pl, banded(cache[(k, t, rep)])))
     finally:
         if bar is not None:
             bar.close()
@@ -177,7 +182,16 @@ def _unspilled_below(cache: dict, k: int, threshold: int, replication) -> SimRes
     return None
 
 
-def _point(r: SimResult, prefix_length: int | None) -> dict:
+def _bands_of_sample(trace: Trace, config: FleetConfig, rate: float):
+    """``result -> its bands`` for a sample at ``rate`` (keyed at ``config``'s PrefixLength), or
+    ``result -> None`` for a whole trace."""
+    if rate >= 1.0:
+        return lambda result: None
+    keys = trace_keys(trace, config.key_blocks)
+    return lambda result: result_bands(result, trace, rate, config.key_blocks, keys)
+
+
+def _point(r: SimResult, prefix_length: int | None, bands: dict | None = None) -> dict:
     return {
         "strategy": r.strategy,
         "prefix_length": prefix_length,
@@ -195,6 +209,7 @@ def _point(r: SimResult, prefix_length: int | None) -> dict:
         # None: off; else the target share factor (fair shares above which a prefix is replicated)
         "replication": r.config.replication.target_share_factor if r.config.replicating else None,
         "replicated_requests": r.replicated_requests,
+        **({"bands": bands} if bands is not None else {}),
     }
 
 

@@ -1,6 +1,7 @@
 """The analyze / simulate / tune commands: flags, JSON keys, one-line errors with exit status 2."""
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -424,19 +425,42 @@ def test_analyze_and_tune_say_prefix_aware_routing_pays_on_the_mooncake_trace(ca
     assert result["verdict"]["hit_rate_gain_points"] == pytest.approx(100 * (best["hit_rate"] - random["hit_rate"]))
 
 
-def test_simulate_and_tune_with_a_sample_say_its_rate_size_and_band(capsys):
-    common = ["--workload", "long-context", "--limit", "4000", "--json", "--no-plots"]
-    code, out, err = run(capsys, "simulate", *common, "--strategy", "RANDOM", "--sample", "20%")
+def test_simulate_and_tune_with_a_sample_say_its_rate_size_and_bands(capsys):
+    # 4,000 requests of 450 prefixes on 40 instances at 50 %: 20 whole instances for PREFIX_AWARE,
+    # every one for RANDOM (50 requests a copy), about 200 effective keys.
+    common = ["--workload", "long-context", "--limit", "4000", "--no-plots", "--instances", "40"]
+    code, out, err = run(capsys, "simulate", *common, "--json", "--strategy", "RANDOM", "--sample", "50%")
     assert code == 0, err
     doc = json.loads(out)
     sample = doc["results"][0]["sample"]
-    assert sample["rate"] == pytest.approx(0.2) and sample["of_requests"] == 4000
+    assert sample["rate"] == pytest.approx(0.5) and sample["of_requests"] == 4000 and sample["instances"] == 40
     assert 0 < sample["requests"] < 4000 and 0 < sample["hit_rate_band"] < 0.2
-    assert "sampled at 0.2" in doc["trace"]["source"]
-    code, out, err = run(capsys, "tune", *common, "--sample", "0.5", "--prefix-length", "4096", "--concurrency-threshold", "10")
+    low, high = sample["bands"]["ttft_p50_s"]
+    assert low <= doc["results"][0]["ttft_p50_s"] <= high
+    assert "sampled at 0.5" in doc["trace"]["source"]
+    code, out, err = run(capsys, "simulate", *common, "--strategy", "PREFIX_AWARE", "--sample", "50%")
+    assert code == 0, err
+    assert "on 20 instances; figures in the whole trace's units, each with its 95 % band" in out
+    hit_row = next(line for line in out.splitlines() if line.startswith("hit rate (tokens)"))
+    p50_row = next(line for line in out.splitlines() if line.startswith("TTFT P50 (ms)"))
+    spills_row = next(line for line in out.splitlines() if line.startswith("spills"))
+    assert re.search(r"\d+\.\d% ±\d+\.\d%$", hit_row) and re.search(r"\d+ \(\d+–\d+\)$", p50_row)
+    assert spills_row.split()[-1] == "—" and "—: not estimated from a sample" in out
+    code, out, err = run(capsys, "tune", *common, "--json", "--sample", "0.5", "--prefix-length", "4096",
+                         "--concurrency-threshold", "10")
     assert code == 0, err
     tuned = json.loads(out)
     assert tuned["sample"]["rate"] == 0.5 and tuned["sample"]["keyed_on_prefix_length"] == 4096
+    assert all(0 < p["bands"]["hit_rate"] < 0.2 for p in tuned["points"] + tuned["baselines"])
+    code, out, err = run(capsys, "tune", *common, "--sample", "0.5", "--prefix-length", "4096",
+                         "--concurrency-threshold", "10")
+    assert code == 0, err
+    recommended = next(line for line in out.splitlines() if line.startswith("recommended:"))
+    assert re.search(r"hit rate \d+\.\d% ±\d+\.\d%, P50 TTFT \d+ \(\d+–\d+\) ms$", recommended)
+    code, out, err = run(capsys, "simulate", *common, "--sample", "0.1")  # 4 instances, 45 keys: the whole trace
+    assert code == 0, err
+    assert "sample: --sample 0.1: ran the whole trace instead: 40 instances at rate 0.1 leave 4" in out
+    assert "±" not in out and "—" not in out
     code, _, err = run(capsys, "simulate", *common, "--sample", "0")
     assert code == 2 and "--sample" in err and "a rate from 0.0001 to 1" in err
     code, _, err = run(capsys, "simulate", *common, "--sample", "0.5", "--replication", "on")
@@ -444,8 +468,8 @@ def test_simulate_and_tune_with_a_sample_say_its_rate_size_and_band(capsys):
 
 
 def test_tune_with_a_sample_runs_its_grid_on_whole_copies_and_its_baselines_on_every_copy(capsys, monkeypatch):
-    # 160 instances at rate 0.1: the grid on 16, each copy whole; RANDOM and LEAST_OUTSTANDING_REQUESTS
-    # on all 160, each copy's cache x 0.1 and the clock x 10 (lab/sampling.py).
+    # 40 instances at rate 0.5: the grid on 20, each copy whole; RANDOM and LEAST_OUTSTANDING_REQUESTS
+    # on all 40, each copy's cache x 0.5 and the clock x 2 (lab/sampling.py).
     from prefix_routing import lab
 
     seen = {}
@@ -456,10 +480,10 @@ def test_tune_with_a_sample_runs_its_grid_on_whole_copies_and_its_baselines_on_e
         return real(trace, config, **kwargs)
 
     monkeypatch.setattr(lab, "tune", spy)
-    code, _, err = run(capsys, "tune", "--workload", "long-context", "--limit", "3000", "--json", "--no-plots",
-                       "--instances", "160", "--sample", "0.1", "--prefix-length", "4096",
+    code, _, err = run(capsys, "tune", "--workload", "long-context", "--limit", "4000", "--json", "--no-plots",
+                       "--instances", "40", "--sample", "0.5", "--prefix-length", "4096",
                        "--concurrency-threshold", "10")
     assert code == 0, err
-    assert (seen["config"].instances, seen["config"].cache_scale, seen["speed"]) == (16, 1.0, 1.0)
+    assert (seen["config"].instances, seen["config"].cache_scale, seen["speed"]) == (20, 1.0, 1.0)
     base, speed = seen["baseline_fleet"]
-    assert (base.instances, base.cache_scale, speed) == (160, 0.1, pytest.approx(10.0))
+    assert (base.instances, base.cache_scale, speed) == (40, 0.5, pytest.approx(2.0))

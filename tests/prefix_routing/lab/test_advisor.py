@@ -85,14 +85,17 @@ def test_with_the_good_setting_there_is_nothing_to_change(window):
     assert advice["better"] is False and "no change" in advisor.render(advice)
 
 
-def test_a_sampled_advice_simulates_a_miniature_and_keeps_the_whole_windows_bound(window):
+def test_a_sampled_advice_on_a_small_fleet_runs_the_whole_window_and_says_why(window):
+    # 4 instances at 0.5 leave 2, fewer than the 8 whole copies a miniature needs.
     whole = advisor.advise(window, fleet(8192), thresholds=(1024,))
     advice = advisor.advise(window, fleet(8192), thresholds=(1024,), sample=0.5)
     sampled = advice["window"]["sample"]
-    assert sampled["rate"] == 0.5 and 0 < sampled["requests"] < len(window)
-    assert advice["window"]["requests"] == len(window)  # the window itself is whole
+    assert (sampled["rate"], sampled["asked"], sampled["requests"]) == (1.0, 0.5, len(window))
+    assert advice["current"] == whole["current"] and advice["best"] == whole["best"]
     assert (advice["hit_rate_bound"], advice["measured_hit_rate"]) == (whole["hit_rate_bound"], whole["measured_hit_rate"])
-    assert "simulated on a sample of its routing keys at rate 0.5" in advisor.render(advice)
+    text = advisor.render(advice)
+    assert "sample: --sample 0.5: ran the whole trace instead: 4 instances at rate 0.5 leave 2" in text
+    assert "simulated on a sample" not in text and "±" not in text
     assert "sample" not in whole["window"]
 
 

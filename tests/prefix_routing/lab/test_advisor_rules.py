@@ -206,11 +206,11 @@ class FakeTune:
         self.table, self.picks, self.calls = table, list(picks), []
 
     def __call__(self, trace, config, *, prefix_lengths, thresholds, baselines, replications, reuse_share=None,
-                 memo=None, speed=1.0, baseline_fleet=None):
+                 memo=None, speed=1.0, baseline_fleet=None, sample_rate=1.0):
         self.calls.append({"trace": trace, "config": config, "prefix_lengths": list(prefix_lengths),
                            "thresholds": list(thresholds), "baselines": tuple(baselines),
                            "replications": tuple(replications), "reuse_share": reuse_share, "memo": memo,
-                           "speed": speed, "baseline_fleet": baseline_fleet})
+                           "speed": speed, "baseline_fleet": baseline_fleet, "sample_rate": sample_rate})
         points = [self.table[(pl, t)] for pl in prefix_lengths for t in thresholds]
         return {"points": points, "recommendation": self.table[self.picks.pop(0)],
                 "baselines": [RANDOM] if Strategy.RANDOM in baselines else [], "tenants": TENANTS}
@@ -320,19 +320,66 @@ def test_a_pick_that_cuts_p50_by_exactly_the_bar_is_better_on_ttft_alone(searche
     assert advice["better"] is True  # 20 % off P50 meets the 20 % bar
 
 
+def many_keys_window(keys: int = 5000) -> Trace:
+    """A window of ``keys`` routing keys alike (one request each): ``keys`` effective keys."""
+    return Trace([float(i) for i in range(keys)], [1024] * keys, [10] * keys, [[10 * i, 10 * i + 1] for i in range(keys)],
+                 block_tokens=512, source="w")
+
+
 def test_a_sampled_search_runs_the_grid_on_whole_copies_and_random_on_every_copy_scaled(searched):
-    # 100 instances at rate 0.1 (a window already sampled at the source): PREFIX_AWARE's grid on 10
-    # instances, each copy whole, at the whole's clock; RANDOM, which spreads a key over every copy,
-    # on all 100 with each copy's cache x 0.1 and the clock x 10 (lab/sampling.py).
-    trace = window()
+    # 100 instances at rate 0.1 (a window already sampled at the source, 5,000 keys): PREFIX_AWARE's
+    # grid on 10 instances, each copy whole, at the whole's clock; RANDOM, which spreads a key over
+    # every copy, on all 100 with each copy's cache x 0.1 and the clock x 10 (lab/sampling.py).
+    trace = many_keys_window()
     config = dataclasses.replace(CONFIG, instances=100)
     advice, tune, _ = searched(TABLE, [(8192, 10), (8192, 4)], config, trace, prefix_lengths=(8192, 1024),
                                thresholds=(4,), sample=0.1, presampled=True)
     first, second = tune.calls
     for call in (first, second):
         assert (call["config"].instances, call["config"].cache_scale, call["speed"]) == (10, 1.0, 1.0)
-        assert call["trace"] is trace  # sampled at the source: not sampled again
+        assert call["trace"] is trace and call["sample_rate"] == 0.1  # sampled at the source: not sampled again
     base, speed = second["baseline_fleet"]
     assert (base.instances, base.cache_scale, speed) == (100, 0.1, pytest.approx(10.0))
     assert advice["window"]["sample"] == {"rate": 0.1, "requests": len(trace), "at_source": True,
-                                          "hit_rate_band": None}  # (the fake tune simulates nothing)
+                                          "hit_rate_band": None}  # (the fake tune's points carry no bands)
+
+
+def test_a_sample_whose_error_is_not_bounded_runs_the_whole_window_or_advises_no_change(searched):
+    # A window of 2 keys read whole at 0.1: the whole window runs instead, and says why.
+    advice, tune, _ = searched(TABLE, [(8192, 10), (8192, 2)], CONFIG, window(), prefix_lengths=(8192,),
+                               thresholds=(2,), sample=0.1)
+    assert all(call["sample_rate"] == 1.0 and call["config"].instances == 2 for call in tune.calls)
+    sample = advice["window"]["sample"]
+    assert (sample["rate"], sample["asked"], sample["bounded"]) == (1.0, 0.1, True)
+    assert sample["note"].startswith("--sample 0.1: ran the whole trace instead: 2 instances at rate 0.1 leave 1")
+    assert advice["better"] is True  # +20 points, measured on the whole window
+    # The same window sampled at the source has no whole to fall back on: its figures stand, unbounded,
+    # and no change is advised from them.
+    advice, tune, _ = searched(TABLE, [(8192, 10), (8192, 2)], CONFIG, window(), prefix_lengths=(8192,),
+                               thresholds=(2,), sample=0.1, presampled=True)
+    assert advice["window"]["sample"]["bounded"] is False and advice["better"] is False
+    assert "sample: sampled at 0.1 at the source, and not bounded: 2 instances at rate 0.1 leave 1" in advisor.render(advice)
+
+
+def banded(point: dict, hit_band: float, p50_band: tuple[float, float]) -> dict:
+    return {**point, "bands": {"hit_rate": hit_band, "ttft_p50_s": p50_band}}
+
+
+def test_from_a_sample_a_change_must_clear_the_bar_at_the_low_end_of_its_band(searched):
+    # Now 40 % ± 1 point, best 50 % ± 1 point: +10 ± 2 points clears a 5-point bar; at ± 3 points
+    # each, +10 ± 6 points does not (4 points at its low end), nor does P50 (0.9 s within 0.8–1.1
+    # against 1.0 within 0.8–1.2: at best 1 − 0.8/1.2 = 33 % faster, at worst 1 − 1.1/0.8 = −38 %).
+    config = dataclasses.replace(CONFIG, instances=100)
+    for band, better in ((0.01, True), (0.03, False)):
+        table = {(4096, 10): banded(TABLE[(4096, 10)], band, (0.8, 1.2)),
+                 (8192, 10): banded(sim_point(8192, 10, 0.50, 0.9), band, (0.8, 1.1))}
+        advice, _, _ = searched(table, [(8192, 10), (8192, 10)], config, many_keys_window(), prefix_lengths=(8192,),
+                                thresholds=(10,), sample=0.1, presampled=True)
+        assert advice["better"] is better, band
+        assert advice["gain_band"]["points"] == pytest.approx(200 * band)
+        assert advice["gain_band"]["ttft_gain"] == [pytest.approx(1 - 1.1 / 0.8), pytest.approx(1 - 0.8 / 1.2)]
+    text = advisor.render(advice)
+    assert "now:  PrefixLength 4096, ConcurrencyThreshold 10: predicted hit rate 40.0% ±3.0 points, P50 TTFT 1,000 ms (800–1,200 ms)" in text
+    assert "predicted hit rate 50.0% ±3.0 points, P50 TTFT 900 ms (800–1,100 ms) (+10.0 ±6.0 points, P50 -10% (-33% to +38%))" in text
+
+

@@ -1,4 +1,4 @@
-"""Miniature simulation: a sample of the routing keys on caches and a clock scaled by the rate."""
+"""Miniature simulation: a sample of the routing keys on R × the instances, run only where its error is bounded."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from prefix_routing.lab import sampling, source_sample
+from prefix_routing.lab import sample_bands, sampling, source_sample
 from prefix_routing.lab.fleet_config import FleetConfig
 from prefix_routing.lab.routing import Strategy
 from prefix_routing.lab.simulate import simulate
@@ -69,13 +69,62 @@ def test_a_sample_with_no_key_says_so():
 
 
 def test_the_band_is_the_ratio_estimators_sampling_error_by_hand():
-    # Two keys: 10 of 200 tokens cached and 30 of 200: h = 40/400 = 0.1; the squared residuals
-    # (10 − 20)² + (30 − 20)² = 200; variance (1 − 0.5) × 2/1 × 200 / 400² = 0.00125.
-    trace = _trace([(1, None), (2, None)])
-    band = sampling.hit_rate_band(trace, [10.0, 30.0], [True, True], 0.5, key_blocks=1)
-    assert band == pytest.approx(1.96 * math.sqrt(0.00125))
-    assert sampling.hit_rate_band(trace, [10.0, 30.0], [True, True], 1.0, key_blocks=1) == 0.0
-    assert sampling.hit_rate_band(trace, [10.0, 30.0], [True, False], 0.5, key_blocks=1) == 1.0  # one key served
+    # Two clusters: 10 of 200 tokens cached and 30 of 200: h = 40/400 = 0.1; the squared residuals
+    # (10 − 20)² + (30 − 20)² = 200; variance (1 − 0.5) × 2/1 × 200 / 400² = 0.00125; t at 1 df: 12.706.
+    assert sample_bands.ratio_band([(10.0, 200.0), (30.0, 200.0)], 0.5) == pytest.approx(12.706 * math.sqrt(0.00125))
+    assert sample_bands.ratio_band([(10.0, 200.0), (30.0, 200.0)], 0.0) == 0.0  # the whole population
+    assert sample_bands.ratio_band([(10.0, 200.0)], 0.5) == math.inf  # one cluster: nothing to say about others
+    assert sample_bands.ratio_band([(1.0, 0.0), (2.0, 0.0)], 0.5) == math.inf
+
+
+def test_the_t_factor_is_students_for_the_clusters_number():
+    # Tables of t at 97.5 %: 7 df 2.365, 30 df 2.042; above 30 df, 1.96 + 2.5 / df (40 df: 2.0225, table 2.021).
+    assert sample_bands.t_975(8) == 2.365 and sample_bands.t_975(31) == 2.042
+    assert sample_bands.t_975(41) == pytest.approx(2.0225) and sample_bands.t_975(1) == math.inf
+
+
+def test_clusters_sum_their_requests():
+    assert sample_bands.cluster_sums(["a", "b", "a"], [1.0, 2.0, 3.0], [10.0, 20.0, 30.0]) == [(4.0, 40.0), (2.0, 20.0)]
+
+
+def test_a_percentiles_band_is_woodruffs_by_hand():
+    # 10 values 1..10 in clusters of two (1,2), (3,4), ...: P50 = 5.5; at or under it 5 of 10, by
+    # cluster (2,2,1,0,0) of 2 each: residuals (2−1)², (2−1)², 0, (0−1)², (0−1)² = 4; variance
+    # (1 − 0.5) × 5/4 × 4 / 10² = 0.025, t at 4 df 2.776: share 0.5 ± 0.4389 → percentiles 6.11 and
+    # 94.39 of the values: 1 + 9 × 0.0611 = 1.550 and 1 + 9 × 0.9439 = 9.495.
+    values = [float(v) for v in range(1, 11)]
+    clusters = [v // 2 for v in range(0, 10)]
+    low, high = sample_bands.percentile_band(values, clusters, 50, 0.5)
+    half = 2.776 * math.sqrt(0.025)
+    assert low == pytest.approx(1 + 9 * (0.5 - half)) and high == pytest.approx(1 + 9 * (0.5 + half))
+    assert sample_bands.percentile_band([], [], 50, 0.5) == (0.0, 0.0)
+    assert sample_bands.percentile_band([1.0, 2.0], ["a", "a"], 50, 0.5) == (-math.inf, math.inf)
+
+
+def test_every_band_carries_the_miniatures_bias():
+    # Clusters that agree exactly: no sampling error, only the bias allowed (0.25 points, 2 % of a percentile).
+    found = sample_bands.bands(cached=[50.0, 50.0, 50.0, 50.0], prompts=[100.0] * 4, ttft=[1.0] * 4,
+                               served=[True] * 4, clusters=[1, 1, 2, 2], fpc=0.9)
+    assert found["hit_rate"] == pytest.approx(0.0025) and found["clusters"] == 2
+    assert found["ttft_p50_s"] == (pytest.approx(0.98), pytest.approx(1.02))
+    # An unserved request's tokens are out of the hit rate.
+    found = sample_bands.bands(cached=[50.0, 0.0, 50.0], prompts=[100.0, 100.0, 100.0], ttft=[1.0, 9.0, 1.0],
+                               served=[True, False, True], clusters=[1, 2, 2], fpc=0.9)
+    assert found["hit_rate"] == pytest.approx(0.0025)
+
+
+def test_the_wider_band_is_taken_figure_by_figure():
+    first = {"hit_rate": 0.01, "clusters": 8, "ttft_p50_s": (1.0, 2.0), "ttft_p90_s": (3.0, 4.0), "ttft_p99_s": (5.0, 9.0)}
+    second = {"hit_rate": 0.02, "clusters": 100, "ttft_p50_s": (0.5, 1.5), "ttft_p90_s": (3.5, 4.5), "ttft_p99_s": (6.0, 7.0)}
+    assert sample_bands.wider(first, second) == {"hit_rate": 0.02, "clusters": 8, "ttft_p50_s": (0.5, 2.0),
+                                                 "ttft_p90_s": (3.0, 4.5), "ttft_p99_s": (5.0, 9.0)}
+
+
+def test_effective_keys_are_kishs_by_hand():
+    # Keys 1, 2, 3 with 200, 200 and 400 prompt tokens: 800² / (200² + 200² + 400²) = 640,000 / 240,000.
+    trace = _trace([(1, None), (2, None), (3, None), (3, None)])
+    assert sampling.effective_keys(trace, key_blocks=1) == pytest.approx(640_000 / 240_000)
+    assert sampling.effective_keys(_trace([(k, None) for k in range(50)]), key_blocks=1) == pytest.approx(50)
 
 
 def test_what_a_miniature_does_not_model_is_refused_by_name():
@@ -93,24 +142,47 @@ def test_what_a_miniature_does_not_model_is_refused_by_name():
     sampling.check_sampling(base)  # nothing to refuse
 
 
-@pytest.mark.parametrize("strategy", [Strategy.PREFIX_AWARE, Strategy.RANDOM])
-def test_a_ten_percent_miniature_of_the_long_context_workload_is_close_to_the_whole(strategy):
-    # RANDOM is the cache-bound case: every copy sees every prefix, so only a cache scaled with the
-    # sample keeps the miniature's hit rate near the whole's (a whole cache would hold all of it).
-    spec = LongContextSpec(duration_s=1800)
-    trace = long_context_workload(spec, seed=1)
-    config = spec.fleet_config(strategy=strategy)
-    whole = simulate(trace, config)
-    part = sampling.sample(trace, 0.1, config.key_blocks)
-    fleet, share = sampling.miniature(config, 0.1)
-    assert (fleet.instances, fleet.cache_scale, share) == (7, 0.1, 0.1)  # 0.7 instances: too few to shrink
-    mini = sampling.scale_back(simulate(part, fleet, speed=10.0), part, 0.1, len(trace), config.key_blocks, share)
-    band = mini.extra["sample"]["hit_rate_band"]
-    assert mini.extra["sample"]["rate"] == 0.1 and mini.extra["sample"]["of_requests"] == len(trace)
-    assert 0 < band < 0.1
-    assert abs(mini.hit_rate - whole.hit_rate) <= band + 0.01
-    assert mini.copy_hours == pytest.approx(whole.copy_hours, rel=0.05)  # scaled back to the whole span
-    assert mini.ttft_p50_s == pytest.approx(whole.ttft_p50_s, rel=0.1)  # the same load per copy
+def test_a_small_fleet_runs_the_whole_trace_and_says_why():
+    # The long-context workload at 6 requests/s for two hours on 7 p5s: 10 % of 7 instances is 0.7.
+    spec = LongContextSpec(rate_rps=6.0, duration_s=7200.0)
+    trace = long_context_workload(spec, seed=0)
+    plan = sampling.plan(trace, spec.fleet_config(), 0.1)
+    assert (plan.asked, plan.rate, plan.bounded) == (0.1, 1.0, True)
+    assert plan.note() == ("--sample 0.1: ran the whole trace instead: 7 instances at rate 0.1 leave 1, fewer than the 8 "
+                           "a miniature needs to keep each copy's share of the keys and the load (at this rate it "
+                           "takes 71 instances or more)")
+
+
+def test_a_sample_of_too_few_effective_keys_runs_the_whole_trace():
+    trace = _trace([(k, None) for k in range(500)])  # 500 keys alike: 50 effective keys at 10 %
+    plan = sampling.plan(trace, FleetConfig(instances=100), 0.1)
+    assert plan.rate == 1.0 and plan.reason == (
+        "the sample keeps about 50 effective routing keys, fewer than 100: a few keys carry most prompt tokens, and "
+        "whether they fall in the sample decides the figures (500 effective keys in the whole trace)")
+    many = _trace([(k, None) for k in range(1000)])  # 100 effective keys at 10 %: sampled
+    assert sampling.plan(many, FleetConfig(instances=100), 0.1) == sampling.SamplePlan(0.1, 0.1)
+    assert sampling.plan(many, FleetConfig(instances=100), 1.0) == sampling.SamplePlan(1.0, 1.0)
+
+
+def test_a_sample_that_leaves_too_few_requests_per_copy_to_a_spreading_strategy_runs_the_whole_trace():
+    trace = _trace([(k, None) for k in range(4000)])  # 400 requests at 10 %: 40 a copy on 10 copies
+    plan = sampling.plan(trace, FleetConfig(instances=10), 0.1, (Strategy.RANDOM,))
+    assert plan.rate == 1.0 and plan.reason == (
+        "the sample leaves about 40 requests per copy to the strategies that spread a key over every copy, fewer "
+        "than 50: their queues would not settle")
+    assert sampling.plan(trace, FleetConfig(instances=8), 0.1, (Strategy.RANDOM,)).rate == 0.1  # 50 a copy
+
+
+def test_a_window_sampled_at_the_source_is_judged_as_it_is_and_kept_when_not_bounded():
+    sample = _trace([(k, None) for k in range(99)])  # the sample itself: 99 effective keys
+    plan = sampling.plan(sample, FleetConfig(instances=100), 0.1, presampled=True)
+    assert (plan.rate, plan.bounded) == (0.1, False)
+    assert plan.note().startswith("sampled at 0.1 at the source, and not bounded: the sample keeps about 99 effective "
+                                  "routing keys, fewer than 100") and plan.note().endswith("decides the figures")
+    small = sampling.plan(sample, FleetConfig(instances=70), 0.1, presampled=True)
+    assert (small.rate, small.bounded) == (0.1, False) and "70 instances at rate 0.1 leave 7" in small.reason
+    assert sampling.plan(_trace([(k, None) for k in range(100)]), FleetConfig(instances=80), 0.1,
+                         presampled=True) == sampling.SamplePlan(0.1, 0.1)
 
 
 def test_the_cache_scale_is_a_share_of_the_cache():
@@ -122,31 +194,39 @@ def test_the_cache_scale_is_a_share_of_the_cache():
 def test_a_large_fleet_shrinks_with_the_sample_and_keeps_each_copy_whole():
     fleet, share = sampling.miniature(FleetConfig(instances=100), 0.1)
     assert (fleet.instances, fleet.cache_scale, share) == (10, 1.0, 1.0)
-    # 7.5 instances round to 8: each of them carries 7.5/8 of a whole copy's traffic.
+    # 7.5 instances round up to 8: each of them carries 7.5/8 of a whole copy's traffic.
     fleet, share = sampling.miniature(FleetConfig(instances=75), 0.1)
     assert (fleet.instances, share) == (8, 0.9375) and fleet.cache_scale == 0.9375
-    fleet, share = sampling.miniature(FleetConfig(instances=70), 0.1)  # 7: too few, the copies scale
+    assert sampling.miniature_instances(70, 0.1) == 7  # 0.1 × 70 is 7.000000000000001 in floating point
+    # 7: too few (only a window sampled at the source gets here): every copy, each scaled.
+    fleet, share = sampling.miniature(FleetConfig(instances=70), 0.1)
     assert (fleet.instances, fleet.cache_scale, share) == (70, 0.1, 0.1)
-    # RANDOM spreads a key over every copy: it needs them all, so each copy scales instead.
-    for strategies in ([Strategy.RANDOM], [Strategy.PREFIX_AWARE, Strategy.RANDOM]):
-        fleet, share = sampling.miniature(FleetConfig(instances=100), 0.1, strategies)
-        assert (fleet.instances, fleet.cache_scale, share) == (100, 0.1, 0.1)
+    # RANDOM spreads a key over every copy: every copy, each seeing R of the keys in R of its cache.
+    fleet, share = sampling.miniature(FleetConfig(instances=100), 0.1, Strategy.RANDOM)
+    assert (fleet.instances, fleet.cache_scale, share) == (100, 0.1, 0.1)
+    fleet, share = sampling.miniature(FleetConfig(instances=100, strategy=Strategy.KV_AWARE), 0.1)
+    assert (fleet.instances, fleet.cache_scale, share) == (10, 1.0, 1.0)  # KV_AWARE keeps a key where it is cached
 
 
 @pytest.mark.parametrize("strategy", [Strategy.PREFIX_AWARE, Strategy.RANDOM])
-def test_a_ten_percent_miniature_of_a_large_fleet_is_close_to_the_whole(strategy):
-    # 20 times the long-context workload (9,000 prefixes at 60 requests/s on 140 p5s) for 5 minutes.
-    spec = LongContextSpec(prefixes=9000, rate_rps=60.0, instances=140, duration_s=300)
+def test_a_ten_percent_miniature_of_a_large_fleet_holds_the_whole_inside_its_bands(strategy):
+    # 20 times the long-context workload (9,000 prefixes at 60 requests/s on 140 p5s) for 30 minutes:
+    # 10,800 requests at 10 %, 77 a copy for RANDOM.
+    spec = LongContextSpec(prefixes=9000, rate_rps=60.0, instances=140, duration_s=1800)
     trace = long_context_workload(spec, seed=2)
     config = spec.fleet_config(strategy=strategy)
     whole = simulate(trace, config)
+    assert sampling.plan(trace, config, 0.1).rate == 0.1
     part = sampling.sample(trace, 0.1, config.key_blocks)
-    fleet, share = sampling.miniature(config, 0.1)
-    mini = sampling.scale_back(simulate(part, fleet, speed=1.0 / share), part, 0.1, len(trace), config.key_blocks, share)
-    assert mini.extra["sample"]["instances"] == (14 if strategy is Strategy.PREFIX_AWARE else 140)
-    assert abs(mini.hit_rate - whole.hit_rate) <= mini.extra["sample"]["hit_rate_band"] + 0.01
+    mini = sampling.simulate_miniature(part, config, strategy, 0.1, len(trace))
+    sample = mini.extra["sample"]
+    assert (sample["instances"], sample["rate"], sample["of_requests"]) == (
+        14 if strategy is Strategy.PREFIX_AWARE else 140, 0.1, len(trace))
+    assert abs(mini.hit_rate - whole.hit_rate) <= sample["hit_rate_band"] < 0.05
+    for q in (50, 90, 99):
+        low, high = sample["bands"][f"ttft_p{q}_s"]
+        assert low <= getattr(whole, f"ttft_p{q}_s") <= high
     assert mini.copy_hours == pytest.approx(whole.copy_hours, rel=0.05)
-    assert mini.ttft_p50_s == pytest.approx(whole.ttft_p50_s, rel=0.1)
 
 
 # --------------------------------------------------------------------------- a log sampled at the source
@@ -188,12 +268,14 @@ def test_hot_keys_counted_are_bounded(monkeypatch):
 
 
 @pytest.mark.parametrize(("timeout_s", "served"), [(1.0, [True, False, False, True]), (None, [True] * 4)])
-def test_a_results_band_counts_a_request_at_its_timeout_as_failed(timeout_s, served):
-    # TTFTs 0.5, 1.0 (exactly the timeout: it failed there), 3.0 and 0.2 s.
+def test_a_results_bands_count_a_request_at_its_timeout_as_failed_and_take_the_wider_clustering(timeout_s, served):
+    # TTFTs 0.5, 1.0 (exactly the timeout: it failed there), 3.0 and 0.2 s; keys 1..4 on copies 0, 0, 1, 1.
     from types import SimpleNamespace
 
     trace = _trace([(k, None) for k in (1, 2, 3, 4)])
     result = SimpleNamespace(config=SimpleNamespace(timeout_s=timeout_s), ttft=[0.5, 1.0, 3.0, 0.2],
-                             cached_tokens=[10.0, 0.0, 30.0, 5.0])
-    expected = sampling.hit_rate_band(trace, result.cached_tokens, served, 0.5, 1)
-    assert sampling.result_band(result, trace, 0.5, 1) == expected
+                             cached_tokens=[10.0, 0.0, 30.0, 5.0], copy_of=[0, 0, 1, 1])
+    common = dict(cached=result.cached_tokens, prompts=trace.prompt_tokens, ttft=result.ttft, served=served, fpc=0.5)
+    expected = sample_bands.wider(sample_bands.bands(clusters=[0, 0, 1, 1], **common),
+                                  sample_bands.bands(clusters=[1, 2, 3, 4], **common))
+    assert sampling.result_bands(result, trace, 0.5, 1) == expected
