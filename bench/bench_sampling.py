@@ -15,7 +15,7 @@ Workloads: the Mooncake conversation trace (Apache-2.0, github.com/kvcache-ai/Mo
 uniform and Zipf 1.1 prefixes (about 10,800 requests, 7 × p5), the same at 6 requests/s for two
 hours (about 43,000 requests, 7 × p5) and at 100 requests/s for an hour (360,000 requests, 233 ×
 p5: 33 times the prefixes on 33 times the copies; uniform and Zipf 1.1), and with ``--large-rps N`` a large one at N
-requests per second (1,000: 3.6 million requests; about 11 minutes and 9 GB here, so not part of
+requests per second (1,000: 3.6 million requests; about 15 minutes and 9 GB here, so not part of
 ``make bench``). Targets: on every row, the whole trace's hit rate and P50 TTFT inside the row's
 printed band; the long-context workload at 6 requests/s for two hours at 10 % within 1 point of the
 whole; with ``--large-rps``, at 10 % a recommendation as good as the full run's (within 1 point and

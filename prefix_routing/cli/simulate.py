@@ -86,6 +86,8 @@ def run(args) -> int:
         lab_args.print_json(
             {
                 "trace": {"source": trace.source, "requests": len(trace), "duration_s": trace.duration_s, "skipped": trace.skipped.as_dict()},
+                **({"sample": {"asked": sample_plan.asked, "rate": rate, "note": sample_plan.note()}}
+                   if args.sample is not None else {}),
                 "fleet": {**fleet_dict(config, args.speed), "users": args.users, **lab_args.settings_dict(args, config)},
                 "warnings": warnings + [w for r in results for w in result_warnings(r)],
                 "tenants": {**tenants, "by_strategy": {r.strategy: r.tenants for r in results if r.tenants is not None}},

@@ -45,18 +45,18 @@ def run(args) -> int:
     # copy, on theirs (every copy, each cache × R, the clock × 1/R): lab/sampling.py.
     trace, sample_plan, whole = trace_args.sampled(args, trace, config, strategies=[Strategy.PREFIX_AWARE, *baselines],
                                                    limits=limits)
-    rate, speed, baseline_fleet = sample_plan.rate, getattr(args, "speed", 1.0), None
+    rate, speed, baseline_fleet, fleet = sample_plan.rate, getattr(args, "speed", 1.0), None, config
     if rate < 1.0:
         from prefix_routing.lab.sampling import miniature
 
         if baselines:
             base, base_share = miniature(config, rate, Strategy.RANDOM)
             baseline_fleet = (base, speed / base_share)
-        config, share = miniature(config, rate, Strategy.PREFIX_AWARE)
+        fleet, share = miniature(config, rate, Strategy.PREFIX_AWARE)
         speed /= share
     result = lab.tune(
         trace,
-        config,
+        fleet,
         prefix_lengths=args.prefix_length or lab.CANDIDATE_PREFIX_LENGTHS,
         thresholds=args.concurrency_threshold or lab.CANDIDATE_THRESHOLDS,
         baselines=baselines,
@@ -70,13 +70,13 @@ def run(args) -> int:
     )
     if rate < 1.0:
         result["sample"] = {"rate": rate, "requests": len(trace), "of_requests": whole,
-                            "keyed_on_prefix_length": config.prefix_length}
+                            "keyed_on_prefix_length": config.prefix_length, "instances": fleet.instances}
     elif sample_plan.reason:
         result["sample"] = {"rate": 1.0, "asked": sample_plan.asked, "note": sample_plan.note()}
     out = lab_args.plot_dir(args, "tune")
     result["plots"] = [str(p) for p in lab.plot_tune(result, out)] if out else []
     result["fleet"] = lab_args.settings_dict(args, config)
-    result["warnings"] = lab_args.trace_warnings(config, trace) + recommendation_warnings(result, config)
+    result["warnings"] = lab_args.trace_warnings(fleet, trace) + recommendation_warnings(result, fleet)
     if args.json:
         lab_args.print_json(result)
         return 0
@@ -132,7 +132,7 @@ def render(result: dict, config, settings: list[str] = ()) -> str:
     if sampled:
         sample_line = [f"sample: the routing keys of PrefixLength {sample['keyed_on_prefix_length']} at rate "
                        f"{sample['rate']:g} ({sample['requests']:,} of {sample['of_requests']:,} requests) on "
-                       f"{config.instances:,} instances; each figure with its 95 % band; settings keyed on fewer "
+                       f"{sample['instances']:,} instances; each figure with its 95 % band; settings keyed on fewer "
                        "bytes read somewhat high"]
     else:
         sample_line = [f"sample: {sample['note']}"] if sample.get("note") else []

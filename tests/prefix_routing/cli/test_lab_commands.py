@@ -438,6 +438,7 @@ def test_simulate_and_tune_with_a_sample_say_its_rate_size_and_bands(capsys):
     low, high = sample["bands"]["ttft_p50_s"]
     assert low <= doc["results"][0]["ttft_p50_s"] <= high
     assert "sampled at 0.5" in doc["trace"]["source"]
+    assert doc["sample"] == {"asked": 0.5, "rate": 0.5, "note": None}
     code, out, err = run(capsys, "simulate", *common, "--strategy", "PREFIX_AWARE", "--sample", "50%")
     assert code == 0, err
     assert "on 20 instances; figures in the whole trace's units, each with its 95 % band" in out
@@ -461,6 +462,10 @@ def test_simulate_and_tune_with_a_sample_say_its_rate_size_and_bands(capsys):
     assert code == 0, err
     assert "sample: --sample 0.1: ran the whole trace instead: 40 instances at rate 0.1 leave 4" in out
     assert "±" not in out and "—" not in out
+    code, out, err = run(capsys, "simulate", *common, "--json", "--sample", "0.1")
+    assert code == 0, err
+    sample = json.loads(out)["sample"]
+    assert (sample["asked"], sample["rate"]) == (0.1, 1.0) and sample["note"].startswith("--sample 0.1: ran the whole")
     code, _, err = run(capsys, "simulate", *common, "--sample", "0")
     assert code == 2 and "--sample" in err and "a rate from 0.0001 to 1" in err
     code, _, err = run(capsys, "simulate", *common, "--sample", "0.5", "--replication", "on")
