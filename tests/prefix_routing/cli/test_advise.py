@@ -51,6 +51,16 @@ def test_advise_on_a_saved_log_recommends_leaving_the_shared_block(stages, capsy
     assert code == 0 and json.loads(out)["better"] is False
 
 
+def test_advise_asked_to_sample_a_small_window_advises_on_the_whole_of_it(stages, capsys):
+    # 300 lines on 4 instances at 10 %: no miniature of 8 instances, so the whole window, as without --sample.
+    assert main(["advise", "--stage", "pl1024", "--log-file", str(stages / "log.jsonl"), "--json"]) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert main(["advise", "--stage", "pl1024", "--log-file", str(stages / "log.jsonl"), "--sample", "0.1"]) == 0
+    out = capsys.readouterr().out
+    assert "sample: --sample 0.1: ran the whole trace instead: 4 instances at rate 0.1 leave 1" in out
+    assert f"predicted hit rate {whole['current']['predicted_hit_rate']:.1%}, P50 TTFT" in out
+
+
 def test_the_log_group_comes_from_the_normalizer_stacks_output():
     import boto3
     from botocore.stub import Stubber

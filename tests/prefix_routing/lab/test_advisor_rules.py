@@ -383,3 +383,57 @@ def test_from_a_sample_a_change_must_clear_the_bar_at_the_low_end_of_its_band(se
     assert "predicted hit rate 50.0% ±3.0 points, P50 TTFT 900 ms (800–1,100 ms) (+10.0 ±6.0 points, P50 -10% (-33% to +38%))" in text
 
 
+
+
+def test_the_gains_band_needs_both_settings_banded_and_has_no_ratio_to_zero():
+    plain, other = sim_point(4096, 10, 0.40, 1.0), sim_point(8192, 10, 0.50, 0.8)
+    # Without bands on both (a whole window, or one setting not simulated on the sample): no band.
+    assert advisor._gain_band(other, plain) == (0.0, (pytest.approx(0.2), pytest.approx(0.2)))
+    assert advisor._gain_band(banded(other, 0.01, (0.7, 0.9)), plain) == (0.0, (pytest.approx(0.2), pytest.approx(0.2)))
+    # A current P50 band at 0 ms gives no ratio: 0 at that end.
+    points, (low, high) = advisor._gain_band(banded(other, 0.01, (0.7, 0.9)), banded(plain, 0.02, (0.0, 0.0)))
+    assert points == pytest.approx(3.0) and (low, high) == (0.0, 0.0)
+    points, (low, high) = advisor._gain_band(banded(other, 0.01, (0.7, 0.9)), banded(plain, 0.02, (0.0, 1.4)))
+    assert (low, high) == (0.0, pytest.approx(0.5))  # 1 − 0.7/1.4
+
+
+def test_a_window_read_whole_and_sampled_here_is_simulated_on_its_sample_at_its_share(searched):
+    # 75 instances at 0.1, a RANDOM deployment: PREFIX_AWARE's grid on 8 instances, each carrying
+    # 7.5/8 of a copy's traffic, so the clock runs 8/7.5 as fast; the window sampled here by its keys
+    # (40,000 keys: RANDOM's 75 copies see about 53 requests each).
+    trace = many_keys_window(40_000)
+    config = dataclasses.replace(CONFIG, instances=75, strategy=Strategy.RANDOM)
+    advice, tune, _ = searched(TABLE, [(8192, 10), (8192, 4)], config, trace, prefix_lengths=(8192, 1024),
+                               thresholds=(4,), sample=0.1)
+    for call in tune.calls:
+        assert call["config"].strategy is Strategy.PREFIX_AWARE and call["config"].instances == 8
+        assert call["speed"] == pytest.approx(8 / 7.5) and call["sample_rate"] == 0.1
+        assert "(sampled at 0.1: " in call["trace"].source and 3_700 < len(call["trace"]) < 4_300
+    assert advice["window"]["sample"]["requests"] == len(tune.calls[0]["trace"])
+    assert advice["lost_tenants"] == []  # (the fake bound names no tenant)
+
+
+def test_the_verdicts_random_baseline_needs_its_own_requests_per_copy(searched):
+    # 5,000 lines sampled at the source at 0.1 on 200 instances: 20 whole instances for PREFIX_AWARE,
+    # but RANDOM on all 200 would see 25 requests a copy: not bounded, so no change is advised.
+    config = dataclasses.replace(CONFIG, instances=200)
+    advice, _, _ = searched(TABLE, [(8192, 10), (8192, 2)], config, many_keys_window(), prefix_lengths=(8192,),
+                            thresholds=(2,), sample=0.1, presampled=True)
+    assert advice["window"]["sample"]["bounded"] is False and advice["better"] is False
+    assert "about 25 requests per copy" in advice["window"]["sample"]["note"]
+
+
+def test_the_snippet_carries_the_deployed_replication_only_when_the_best_replicates(searched):
+    replicated = ReplicationSettings(enabled=True)
+    config = dataclasses.replace(CONFIG, replication=replicated)
+    advice, _, _ = searched(TABLE, [(8192, 10), (8192, 2)], config, window(), prefix_lengths=(8192,), thresholds=(2,))
+    assert advice["best"]["prefix_length"] == 8192 and "[normalizer.replication]" not in advice["snippet"]
+    table = {**TABLE, (8192, 2): sim_point(8192, 2, 0.60, 0.1, replication=2.0)}
+    advice, _, _ = searched(table, [(8192, 10), (8192, 2)], config, window(), prefix_lengths=(8192,), thresholds=(2,))
+    assert "[normalizer.replication]" in advice["snippet"]
+
+
+def test_without_a_scaling_target_every_threshold_from_1_is_tried(searched):
+    table = {**TABLE, (8192, 1): sim_point(8192, 1, 0.50, 0.9)}
+    _, tune, _ = searched(table, [(8192, 10), (8192, 10)], CONFIG, window(), prefix_lengths=(8192,), thresholds=(1,))
+    assert tune.calls[1]["thresholds"] == [1, 10]

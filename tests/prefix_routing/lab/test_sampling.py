@@ -279,3 +279,68 @@ def test_a_results_bands_count_a_request_at_its_timeout_as_failed_and_take_the_w
     expected = sample_bands.wider(sample_bands.bands(clusters=[0, 0, 1, 1], **common),
                                   sample_bands.bands(clusters=[1, 2, 3, 4], **common))
     assert sampling.result_bands(result, trace, 0.5, 1) == expected
+
+
+def _miniature_result(copy_hours: float, **extra):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(config=SimpleNamespace(total_copies=10, instances=10, timeout_s=None), copy_hours=copy_hours,
+                           hotspot_seconds=30.0, hit_over_time=[(10.0, 0.5)], ttft=[0.1, 0.2, 0.3, 0.4],
+                           cached_tokens=[100.0, 0.0, 100.0, 50.0], copy_of=[0, 1, 2, 3], extra=dict(extra))
+
+
+def test_scale_back_puts_a_miniature_in_the_whole_traces_units_by_hand():
+    # Share 0.5 of a copy's traffic at rate 0.1, a 100 s trace: the miniature's clock ran twice as fast,
+    # so its 10 copies ran 60 s (1/6 copy-hour): 50 s of arrivals and a 10 s tail. Scaled back:
+    # 10 × 0.5/0.1 copies × (100 + 10) s = 5,500 copy-seconds; hot seconds and times × 2.
+    trace = _trace([(k, None) for k in (1, 2, 3, 4)])
+    trace.arrivals = [0.0, 30.0, 60.0, 100.0]
+    result = sampling.scale_back(_miniature_result(10 * 60 / 3600), trace, 0.1, 40, 1, 0.5)
+    assert result.copy_hours == pytest.approx(5500 / 3600)
+    assert result.hotspot_seconds == 60.0 and result.hit_over_time == [(20.0, 0.5)]
+    sample = result.extra["sample"]
+    assert set(sample) == {"rate", "requests", "of_requests", "instances", "hit_rate_band", "bands"}
+    assert (sample["rate"], sample["requests"], sample["of_requests"], sample["instances"]) == (0.1, 4, 40, 10)
+    assert sample["hit_rate_band"] > sample_bands.BIAS_HIT_RATE and sample["bands"]["ttft_p50_s"][0] < 0.25
+    # A run shorter than the trace's arrivals (40 s against 50 s) has no tail: 10 × 5 × 100 s.
+    short = sampling.scale_back(_miniature_result(10 * 40 / 3600), trace, 0.1, 40, 1, 0.5)
+    assert short.copy_hours == pytest.approx(5000 / 3600)
+    # The whole trace is returned as it is.
+    whole = _miniature_result(1.0)
+    assert sampling.scale_back(whole, trace, 1.0, 4, 1, 1.0) is whole and whole.copy_hours == 1.0
+
+
+def test_a_miniature_runs_the_strategy_asked_for_and_routes_as_sent_only_raw_bodies():
+    trace = _trace([(k, None) for k in range(100)])
+    config = FleetConfig(instances=80, block_tokens=100, strategy=Strategy.PREFIX_AWARE)
+    part = sampling.sample(trace, 0.1, config.key_blocks)
+    result = sampling.simulate_miniature(part, config, Strategy.RANDOM, 0.1, len(trace))
+    assert result.strategy == "RANDOM" and result.config.instances == 80  # RANDOM keeps every copy
+    with pytest.raises(UserError, match="routing as sent needs raw request bodies"):
+        sampling.simulate_miniature(part, config, Strategy.PREFIX_AWARE, 0.1, len(trace), as_sent=True)
+
+
+def test_a_trace_without_tokens_has_no_effective_keys():
+    assert sampling.effective_keys(Trace([], [], [], [], block_tokens=100, source="t"), key_blocks=1) == 0.0
+
+
+def test_the_whole_trace_asked_for_is_never_judged():
+    trace = _trace([(1, None)])  # one key on 2 instances: every rule would refuse a sample
+    assert sampling.plan(trace, FleetConfig(instances=2), 1.0) == sampling.SamplePlan(1.0, 1.0)
+
+
+def test_a_ratio_of_small_denominators_still_has_a_band():
+    # Σ 0.3 of 0.6: h = 0.5, residuals (0.1 − 0.15)² + (0.2 − 0.15)² = 0.005; × (1 − 0.5) × 2 / 0.36.
+    band = sample_bands.ratio_band([(0.1, 0.3), (0.2, 0.3)], 0.5)
+    assert band == pytest.approx(12.706 * math.sqrt(0.5 * 2 * 0.005 / 0.36))
+
+
+def test_a_percentile_band_counts_the_values_at_the_percentile_as_under_it():
+    # 1, 2, 2, 3 in clusters (1, 2) and (2, 3): P50 = 2; at or under it 3 of 4, (2, 1) per cluster:
+    # residuals (2 − 1.5)² + (1 − 1.5)² = 0.5; at R = 0.99 the variance is 0.01 × 2 × 0.5 / 16, so
+    # 0.75 ± 12.706 × 0.025 = 0.43 to 1: the percentiles 43 and 100, at positions 1.3 and 3 of the
+    # sorted values: 2 and 3 (counting only the values under 2 would give 0.25 ± 0.32: 1 to 2).
+    low, high = sample_bands.percentile_band([1.0, 2.0, 2.0, 3.0], ["a", "a", "b", "b"], 50, 0.01)
+    assert (low, high) == (2.0, 3.0)
+    # At R = 0.5 the band is the whole range.
+    assert sample_bands.percentile_band([1.0, 2.0, 2.0, 3.0], ["a", "a", "b", "b"], 50, 0.5) == (1.0, 3.0)

@@ -111,3 +111,25 @@ def test_a_run_that_spilled_nothing_never_stands_for_a_lower_threshold(mooncake_
     lab.tune(trace, config, prefix_lengths=[4096], thresholds=[1024], baselines=(), memo=memo)
     result = lab.tune(trace, config, prefix_lengths=[4096], thresholds=[1], baselines=(), memo=memo)
     assert [c.concurrency_threshold for c in calls] == [1024, 1] and result["points"][0]["spills"] > 0
+
+
+def test_a_grid_on_a_sample_gives_each_point_its_bands():
+    # 1,000 keys alike, 10 % of them on 10 whole instances of 100: each point's bands are those of its
+    # own run (lab/sampling.result_bands at the sampled key length); the whole trace's carry none.
+    from prefix_routing.lab import sampling
+    from prefix_routing.lab.trace_data import Trace
+
+    n = 20_000
+    trace = Trace([i * 0.01 for i in range(n)], [600] * n, [10] * n, [[i % 1000, 10_000 + i] for i in range(n)],
+                  block_tokens=100, source="t", chained=False)
+    config = FleetConfig(instances=100, block_tokens=100, block_bytes=1024, prefix_length=1024)
+    part, fleet, share = sampling.shrink(trace, config, 0.1)
+    memo: dict = {}
+    result = lab.tune(part, fleet, prefix_lengths=[1024], thresholds=[8], baselines=(), progress=False, speed=1 / share,
+                      sample_rate=0.1, memo=memo)
+    (run,) = [r for key, r in memo.items() if len(key) == 3]  # the one simulation of the grid
+    point = result["points"][0]
+    assert point["bands"] == sampling.result_bands(run, part, 0.1, point["key_blocks"])
+    assert 0 < point["bands"]["hit_rate"] < 0.05
+    whole = lab.tune(part, fleet, prefix_lengths=[1024], thresholds=[8], baselines=(), progress=False)
+    assert "bands" not in whole["points"][0]
