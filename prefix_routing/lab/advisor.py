@@ -22,7 +22,6 @@ from prefix_routing.lab.grids import CANDIDATE_PREFIX_LENGTHS, CANDIDATE_THRESHO
 from prefix_routing.lab.losses import namespace_bound, top_losers
 from prefix_routing.lab.overload import overload_text
 from prefix_routing.lab.routing import Strategy
-from prefix_routing.lab.simulate import config_for_trace
 from prefix_routing.lab.traces import Trace
 from prefix_routing.lab.tune import config_snippet, tune
 from prefix_routing.lab.verdict import routing_verdict

@@ -52,5 +52,16 @@ def test_an_unbounded_rate_runs_the_whole_trace_and_says_why():
 
 
 def test_what_a_miniature_cannot_model_is_refused_before_sampling():
-    with pytest.raises(UserError, match="a sampled run does not model a closed loop"):
-        trace_args.sampled(SimpleNamespace(sample=0.1), keys_trace(10), FleetConfig(instances=100), users=4)
+    from prefix_routing.rules.limits import LimitSettings, TenantLimits
+
+    limits = LimitSettings(default=TenantLimits(requests_per_minute=10))
+    for kwargs, what in ((dict(users=4), "a closed loop"), (dict(limits=limits), "per-tenant limits"),
+                         (dict(domains=2), "trust domains")):
+        with pytest.raises(UserError, match=f"a sampled run does not model {what}"):
+            trace_args.sampled(SimpleNamespace(sample=0.1), keys_trace(10), FleetConfig(instances=100), **kwargs)
+
+
+def test_a_rate_of_1_is_the_whole_trace_whatever_the_run_models():
+    trace = keys_trace(10)
+    assert trace_args.sampled(SimpleNamespace(sample=1.0), trace, FleetConfig(instances=2), users=4) == (
+        trace, SamplePlan(1.0, 1.0), 10)

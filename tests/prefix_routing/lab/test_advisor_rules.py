@@ -395,6 +395,8 @@ def test_the_gains_band_needs_both_settings_banded_and_has_no_ratio_to_zero():
     assert points == pytest.approx(3.0) and (low, high) == (0.0, 0.0)
     points, (low, high) = advisor._gain_band(banded(other, 0.01, (0.7, 0.9)), banded(plain, 0.02, (0.0, 1.4)))
     assert (low, high) == (0.0, pytest.approx(0.5))  # 1 − 0.7/1.4
+    _, (low, high) = advisor._gain_band(banded(other, 0.01, (0.7, 0.9)), banded(plain, 0.02, (0.0, 0.875)))
+    assert high == pytest.approx(0.2)  # 1 − 0.7/0.875: a P50 under a second is a ratio like any other
 
 
 def test_a_window_read_whole_and_sampled_here_is_simulated_on_its_sample_at_its_share(searched):

@@ -308,6 +308,7 @@ def test_scale_back_puts_a_miniature_in_the_whole_traces_units_by_hand():
     # The whole trace is returned as it is.
     whole = _miniature_result(1.0)
     assert sampling.scale_back(whole, trace, 1.0, 4, 1, 1.0) is whole and whole.copy_hours == 1.0
+    assert "sample" not in whole.extra
 
 
 def test_a_miniature_runs_the_strategy_asked_for_and_routes_as_sent_only_raw_bodies():

@@ -86,11 +86,11 @@ def test_points_a_hair_under_five_still_pay():
 
 
 def test_a_verdict_from_a_sample_gives_each_figure_its_band():
-    # PREFIX_AWARE 75.9 % ± 0.4, P50 0.107 s (0.105–0.110); RANDOM 1.1 % ± 0.3, P50 0.464 s (0.450–0.480):
-    # +74.8 ± 0.7 points; P50 −77 %, from 0.105/0.480 − 1 = −78 % to 0.110/0.450 − 1 = −76 %.
+    # PREFIX_AWARE 75.9 % ± 0.4, P50 0.107 s (0.105–0.110); RANDOM 1.1 % ± 0.3, P50 0.464 s (0.4502–0.480):
+    # +74.8 ± 0.7 points; P50 −77 %, from 0.105/0.480 − 1 = −78 % to 0.110/0.4502 − 1 = −76 %.
     verdict = routing_verdict(
         prefix_aware={"hit_rate": 0.759, "ttft_p50_s": 0.107, "bands": {"hit_rate": 0.004, "ttft_p50_s": (0.105, 0.110)}},
-        random={"hit_rate": 0.011, "ttft_p50_s": 0.464, "bands": {"hit_rate": 0.003, "ttft_p50_s": (0.450, 0.480)}},
+        random={"hit_rate": 0.011, "ttft_p50_s": 0.464, "bands": {"hit_rate": 0.003, "ttft_p50_s": (0.4502, 0.480)}},
         reuse_share=0.9)
     assert verdict["text"] == ("prefix-aware routing pays here: PREFIX_AWARE caches 75.9% ±0.4% of prompt tokens against "
                                "RANDOM's 1.1% ±0.3% (+74.8 ±0.7 points), P50 TTFT 107 ms (105–110) against 464 ms "
