@@ -85,26 +85,22 @@ def test_points_a_hair_under_five_still_pay():
     assert v["hit_rate_gain_points"] == 5.0 - 1e-9 and v["pays"] is True
 
 
-def test_a_verdict_from_a_sample_gives_each_figure_its_band():
+def banded(hit: float, p50: float, hit_band: float, p50_band: tuple[float, float]) -> dict:
+    return {"hit_rate": hit, "ttft_p50_s": p50, "bands": {"hit_rate": hit_band, "ttft_p50_s": p50_band}}
+
+
+@pytest.mark.parametrize(("prefix_aware", "random", "text"), [
     # PREFIX_AWARE 75.9 % ± 0.4, P50 0.107 s (0.105–0.110); RANDOM 1.1 % ± 0.3, P50 0.464 s (0.4502–0.480):
     # +74.8 ± 0.7 points; P50 −77 %, from 0.105/0.480 − 1 = −78 % to 0.110/0.4502 − 1 = −76 %.
-    verdict = routing_verdict(
-        prefix_aware={"hit_rate": 0.759, "ttft_p50_s": 0.107, "bands": {"hit_rate": 0.004, "ttft_p50_s": (0.105, 0.110)}},
-        random={"hit_rate": 0.011, "ttft_p50_s": 0.464, "bands": {"hit_rate": 0.003, "ttft_p50_s": (0.4502, 0.480)}},
-        reuse_share=0.9)
-    assert verdict["text"] == ("prefix-aware routing pays here: PREFIX_AWARE caches 75.9% ±0.4% of prompt tokens against "
-                               "RANDOM's 1.1% ±0.3% (+74.8 ±0.7 points), P50 TTFT 107 ms (105–110) against 464 ms "
-                               "(450–480) (-77%: -78% to -76%)")
-
-
-def test_a_verdict_from_a_sample_that_does_not_pay_gives_each_figure_its_band():
-    # PREFIX_AWARE 20 % ± 5, P50 0.9 s (0.85–0.95); RANDOM 18 % ± 5, P50 1.0 s (0–1.05), a band
-    # down to 0: +2.0 ± 10.0 points; P50 −10 %, from 0.85/1.05 − 1 = −19 % to +0 % (no ratio to 0).
-    verdict = routing_verdict(
-        prefix_aware={"hit_rate": 0.20, "ttft_p50_s": 0.9, "bands": {"hit_rate": 0.05, "ttft_p50_s": (0.85, 0.95)}},
-        random={"hit_rate": 0.18, "ttft_p50_s": 1.0, "bands": {"hit_rate": 0.05, "ttft_p50_s": (0.0, 1.05)}},
-        reuse_share=0.3)
-    assert verdict["text"] == ("prefix-aware routing does not pay here: PREFIX_AWARE caches 20.0% ±5.0% of prompt "
-                               "tokens against RANDOM's 18.0% ±5.0% (+2.0 ±10.0 points), P50 TTFT 900 ms (850–950) "
-                               "against 1,000 ms (0–1,050) (-10%: -19% to +0%); it pays from +5 points or a 20% lower "
-                               "P50: RANDOM or LEAST_OUTSTANDING_REQUESTS will do as well")
+    (banded(0.759, 0.107, 0.004, (0.105, 0.110)), banded(0.011, 0.464, 0.003, (0.4502, 0.480)),
+     "prefix-aware routing pays here: PREFIX_AWARE caches 75.9% ±0.4% of prompt tokens against RANDOM's 1.1% ±0.3% "
+     "(+74.8 ±0.7 points), P50 TTFT 107 ms (105–110) against 464 ms (450–480) (-77%: -78% to -76%)"),
+    # PREFIX_AWARE 20 % ± 5, P50 0.9 s (0.85–0.95); RANDOM 18 % ± 5, P50 1.0 s (0–1.05), a band down
+    # to 0: +2.0 ± 10.0 points; P50 −10 %, from 0.85/1.05 − 1 = −19 % to +0 % (no ratio to 0).
+    (banded(0.20, 0.9, 0.05, (0.85, 0.95)), banded(0.18, 1.0, 0.05, (0.0, 1.05)),
+     "prefix-aware routing does not pay here: PREFIX_AWARE caches 20.0% ±5.0% of prompt tokens against RANDOM's "
+     "18.0% ±5.0% (+2.0 ±10.0 points), P50 TTFT 900 ms (850–950) against 1,000 ms (0–1,050) (-10%: -19% to +0%); it "
+     "pays from +5 points or a 20% lower P50: RANDOM or LEAST_OUTSTANDING_REQUESTS will do as well"),
+])
+def test_a_verdict_from_a_sample_gives_each_figure_its_band(prefix_aware, random, text):
+    assert routing_verdict(prefix_aware=prefix_aware, random=random, reuse_share=0.9)["text"] == text
