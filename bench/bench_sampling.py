@@ -65,25 +65,24 @@ def workloads(large_rps: float | None):
 
 
 def measure(trace, config, rate: float) -> dict:
-    """One run asked for ``rate`` (1: the whole): the PREFIX_AWARE figures with their bands and the
-    small grid's recommendation; the whole trace where the sample's error is not bounded."""
+    """One run at ``rate`` (1: the whole; the caller has planned it: ``lab.sampling.plan``): the
+    PREFIX_AWARE figures with their bands and the small grid's recommendation."""
     started = time.perf_counter()
     config = replace(config, strategy=Strategy.PREFIX_AWARE)
-    chosen = sampling.plan(trace, config, rate)
     part, fleet, speed, share = trace, config, 1.0, 1.0
-    if chosen.rate < 1.0:
-        part, fleet, share = sampling.shrink(trace, config, chosen.rate)
+    if rate < 1.0:
+        part, fleet, share = sampling.shrink(trace, config, rate)
         speed = 1.0 / share
     result = lab.simulate(part, fleet, speed=speed)
     bands = {"hit_rate": 0.0, "ttft_p50_s": (result.ttft_p50_s, result.ttft_p50_s)}
-    if chosen.rate < 1.0:
-        result = sampling.scale_back(result, part, chosen.rate, len(trace), config.key_blocks, share)
+    if rate < 1.0:
+        result = sampling.scale_back(result, part, rate, len(trace), config.key_blocks, share)
         bands = {"hit_rate": result.extra["sample"]["hit_rate_band"], **result.extra["sample"]["bands"]}
     simulated = time.perf_counter()
     tuned = lab.tune(part, fleet, baselines=(), speed=speed, progress=False, **GRID)
     rec = tuned["recommendation"]
     return {
-        "rate": rate, "sampled_at": chosen.rate, "whole_because": chosen.reason, "requests": len(part),
+        "rate": rate, "sampled_at": rate, "whole_because": None, "requests": len(part),
         "hit_rate": result.hit_rate, "band": bands["hit_rate"], "ttft_p50_s": result.ttft_p50_s,
         "p50_band_s": list(bands["ttft_p50_s"]),
         "recommended": [rec["prefix_length"], rec["concurrency_threshold"]],

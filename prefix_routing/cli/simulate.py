@@ -10,6 +10,7 @@ from prefix_routing import lab
 from prefix_routing.cli import flag_values, lab_args, tenant_args, trace_args
 from prefix_routing.lab.overload import WAIT_S
 from prefix_routing.lab.routing import Strategy
+from prefix_routing.lab.sample_bands import ms_text, share_text
 from prefix_routing.lab.tenant_report import tenant_table
 from prefix_routing.lab.tenants import tenant_summary
 from prefix_routing.rules.errors import UserError
@@ -185,19 +186,15 @@ def _miss_share(name: str):
 def _banded_ms(q: int):
     """A TTFT percentile in ms, with its band from a sample (low–high) when the run was sampled."""
     def cell(r) -> str:
-        value = f"{getattr(r, f'ttft_p{q}_s') * 1000:,.0f}"
-        sample = r.extra.get("sample")
-        if not sample:
-            return value
-        low, high = sample["bands"][f"ttft_p{q}_s"]
-        return f"{value} ({low * 1000:,.0f}–{high * 1000:,.0f})"
+        seconds, sample = getattr(r, f"ttft_p{q}_s"), r.extra.get("sample")
+        return ms_text(seconds, sample["bands"][f"ttft_p{q}_s"]) if sample else f"{seconds * 1000:,.0f}"
     return cell
 
 
 def table(results) -> str:
     rows = [
-        ("hit rate (tokens)", lambda r: f"{r.hit_rate:.1%}" + (
-            f" ±{r.extra['sample']['hit_rate_band']:.1%}" if "sample" in r.extra else "")),
+        ("hit rate (tokens)", lambda r: share_text(r.hit_rate, r.extra["sample"]["hit_rate_band"])
+         if "sample" in r.extra else f"{r.hit_rate:.1%}"),
         ("TTFT P50 (ms)", _banded_ms(50)),
         ("TTFT P90 (ms)", _banded_ms(90)),
         ("TTFT P99 (ms)", _banded_ms(99)),

@@ -7,6 +7,7 @@ import sys
 from prefix_routing import lab
 from prefix_routing.cli import flag_values, lab_args, tenant_args, trace_args
 from prefix_routing.lab.routing import Strategy
+from prefix_routing.lab.sample_bands import ms_text, share_text
 from prefix_routing.lab.simulate import check_autoscaling
 from prefix_routing.rules.errors import UserError
 
@@ -47,13 +48,9 @@ def run(args) -> int:
                                                    limits=limits)
     rate, speed, baseline_fleet, fleet = sample_plan.rate, getattr(args, "speed", 1.0), None, config
     if rate < 1.0:
-        from prefix_routing.lab.sampling import miniature
+        from prefix_routing.lab.sampling import grid_miniatures
 
-        if baselines:
-            base, base_share = miniature(config, rate, Strategy.RANDOM)
-            baseline_fleet = (base, speed / base_share)
-        fleet, share = miniature(config, rate, Strategy.PREFIX_AWARE)
-        speed /= share
+        fleet, speed, baseline_fleet = grid_miniatures(config, rate, speed)
     result = lab.tune(
         trace,
         fleet,
@@ -89,17 +86,13 @@ def run(args) -> int:
 def _hit(point: dict) -> str:
     """A point's hit rate, with its band when it was simulated on a sample."""
     bands = point.get("bands")
-    return f"{point['hit_rate']:.1%}" + (f" ±{bands['hit_rate']:.1%}" if bands else "")
+    return share_text(point["hit_rate"], bands["hit_rate"]) if bands else f"{point['hit_rate']:.1%}"
 
 
 def _ms(point: dict, q: int) -> str:
     """A point's TTFT percentile in ms, with its band (low–high) when it was simulated on a sample."""
-    value = f"{point[f'ttft_p{q}_s'] * 1000:,.0f}"
-    bands = point.get("bands")
-    if not bands:
-        return value
-    low, high = bands[f"ttft_p{q}_s"]
-    return f"{value} ({low * 1000:,.0f}–{high * 1000:,.0f})"
+    seconds, bands = point[f"ttft_p{q}_s"], point.get("bands")
+    return ms_text(seconds, bands[f"ttft_p{q}_s"]) if bands else f"{seconds * 1000:,.0f}"
 
 
 SWEPT_SHARE_FACTORS = (0.1, 0.25, 0.5, 1.0, 2.0)

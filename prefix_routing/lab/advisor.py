@@ -93,15 +93,11 @@ def advise(
                                presampled=presampled)
         sample = chosen.rate  # 1: the whole window, where a sample's error is not bounded
     if sample < 1.0:
-        # RANDOM, the verdict's baseline, spreads a key over every copy: every copy, each cache × R
-        # and the clock × 1/R; the grid's PREFIX_AWARE gets whole copies (lab/sampling.py).
-        random_fleet, random_share = sampling.miniature(current_config, sample, Strategy.RANDOM)
-        baseline_fleet = (random_fleet, 1.0 / random_share)
-        whole = current_config
-        current_config, share = sampling.miniature(whole, sample, Strategy.PREFIX_AWARE)
+        # The grid on whole copies; RANDOM, the verdict's baseline, which spreads a key over every
+        # copy, on every copy, each cache × R and the clock × 1/R (lab/sampling.py).
         if not presampled:
-            simulated = sampling.sample(trace, sample, whole.key_blocks)
-        speed = 1.0 / share
+            simulated = sampling.sample(trace, sample, current_config.key_blocks)
+        current_config, speed, baseline_fleet = sampling.grid_miniatures(current_config, sample)
     by_length = tune(simulated, current_config, prefix_lengths=grid_lengths, thresholds=[config.concurrency_threshold],
                      baselines=(), replications=deployed, memo=memo, speed=speed, sample_rate=sample)
     current = next(p for p in by_length["points"] if p["prefix_length"] == config.prefix_length)

@@ -117,3 +117,14 @@ def wider(first: dict, second: dict) -> dict:
         (a, b), (c, d) = first[f"ttft_p{q}_s"], second[f"ttft_p{q}_s"]
         out[f"ttft_p{q}_s"] = (min(a, c), max(b, d))
     return out
+
+
+def share_text(value: float, half: float) -> str:
+    """A share with its band as the lab prints it: ``73.7% ±0.5%``."""
+    return f"{value:.1%} ±{half:.1%}"
+
+
+def ms_text(seconds: float, band: tuple[float, float]) -> str:
+    """A duration in ms with its band as the lab prints it: ``107 (105–110)``."""
+    low, high = band
+    return f"{seconds * 1000:,.0f} ({low * 1000:,.0f}–{high * 1000:,.0f})"

@@ -244,6 +244,15 @@ def miniature(config, rate: float, strategy=None):
     return replace(config, instances=instances, cache_scale=share), share
 
 
+def grid_miniatures(config, rate: float, speed: float = 1.0):
+    """(the PREFIX_AWARE grid's fleet, its clock's speed, (the baselines' fleet, its speed)) of a sample
+    at ``rate`` replayed at ``speed``, as ``tune`` and the advisor run them: the grid on whole copies,
+    the baselines, which spread a key over every copy, on theirs (:func:`miniature`)."""
+    base, base_share = miniature(config, rate, Strategy.RANDOM)
+    fleet, share = miniature(config, rate, Strategy.PREFIX_AWARE)
+    return fleet, speed / share, (base, speed / base_share)
+
+
 def shrink(trace: Trace, config, rate: float, strategy=None):
     """(the sampled trace, its miniature fleet, each miniature copy's share of a whole copy's
     traffic): :func:`sample` by ``config``'s routing keys and :func:`miniature`, which every sampled

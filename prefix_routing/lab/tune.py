@@ -74,7 +74,8 @@ def tune(
     runs = len(by_blocks) * len(thresholds) * len(replications) + len(baselines)
     bar = progress_bar(len(trace) * runs, "tune", progress)
     points = []
-    banded = _bands_of_sample(trace, config, sample_rate)
+    cache: dict[tuple, SimResult] = {} if memo is None else memo
+    banded = _bands_of_sample(trace, config, sample_rate, cache)
     try:
         baseline_rows = []
         base_config, base_speed = baseline_fleet or (config, speed)
@@ -84,7 +85,6 @@ def tune(
             r = simulate(trace, for_strategy(base_config, s), speed=base_speed, bar=bar, limits=limits,
                          explain_misses=False)  # (a point has no misses by cause)
             baseline_rows.append(_point(r, None, banded(r)))
-        cache: dict[tuple, SimResult] = {} if memo is None else memo
         for k, pl in by_blocks.items():
             keys = cache.get(("keys", k))
             if keys is None:
@@ -182,13 +182,17 @@ def _unspilled_below(cache: dict, k: int, threshold: int, replication) -> SimRes
     return None
 
 
-def _bands_of_sample(trace: Trace, config: FleetConfig, rate: float):
+def _bands_of_sample(trace: Trace, config: FleetConfig, rate: float, cache: dict):
     """``result -> its bands`` for a sample at ``rate`` (keyed at ``config``'s PrefixLength), or
-    ``result -> None`` for a whole trace."""
+    ``result -> None`` for a whole trace. The sample's keys are the grid's at that length: kept in
+    ``cache`` under ("keys", blocks), where the grid looks for them."""
     if rate >= 1.0:
         return lambda result: None
-    keys = trace_keys(trace, config.key_blocks)
-    return lambda result: result_bands(result, trace, rate, config.key_blocks, keys)
+    k = config.key_blocks
+    keys = cache.get(("keys", k))
+    if keys is None:
+        keys = cache["keys", k] = trace_keys(trace, k)
+    return lambda result: result_bands(result, trace, rate, k, keys)
 
 
 def _point(r: SimResult, prefix_length: int | None, bands: dict | None = None) -> dict:

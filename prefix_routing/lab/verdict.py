@@ -10,6 +10,7 @@ it as the rule of thumb, not as the answer.
 from __future__ import annotations
 
 from prefix_routing.lab.grids import REUSE_CRITERION
+from prefix_routing.lab.sample_bands import share_text
 
 # It pays when PREFIX_AWARE caches at least this many more points of the prompt tokens than
 # RANDOM, or cuts P50 TTFT by at least this share (the advisor's default notification gains).
@@ -35,8 +36,8 @@ def routing_verdict(*, prefix_aware: dict, random: dict, reuse_share: float) -> 
         (low, high), (base_low, base_high) = a["ttft_p50_s"], b["ttft_p50_s"]
         text = (
             f"prefix-aware routing {'pays' if pays else 'does not pay'} here: PREFIX_AWARE caches "
-            f"{prefix_aware['hit_rate']:.1%} ±{a['hit_rate']:.1%} of prompt tokens against RANDOM's "
-            f"{random['hit_rate']:.1%} ±{b['hit_rate']:.1%} ({points:+.1f} ±{100 * (a['hit_rate'] + b['hit_rate']):.1f} "
+            f"{share_text(prefix_aware['hit_rate'], a['hit_rate'])} of prompt tokens against RANDOM's "
+            f"{share_text(random['hit_rate'], b['hit_rate'])} ({points:+.1f} ±{100 * (a['hit_rate'] + b['hit_rate']):.1f} "
             f"points), P50 TTFT {p50 * 1000:,.0f} ms ({low * 1000:,.0f}–{high * 1000:,.0f}) against "
             f"{base_p50 * 1000:,.0f} ms ({base_low * 1000:,.0f}–{base_high * 1000:,.0f}) "
             f"({-ttft_gain:+.0%}: {_ratio(low, base_high)} to {_ratio(high, base_low)})"

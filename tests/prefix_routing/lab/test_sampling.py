@@ -345,3 +345,9 @@ def test_a_percentile_band_counts_the_values_at_the_percentile_as_under_it():
     assert (low, high) == (2.0, 3.0)
     # At R = 0.5 the band is the whole range.
     assert sample_bands.percentile_band([1.0, 2.0, 2.0, 3.0], ["a", "a", "b", "b"], 50, 0.5) == (1.0, 3.0)
+
+
+def test_a_figure_and_its_band_read_as_the_lab_prints_them():
+    assert sample_bands.share_text(0.737, 0.005) == "73.7% ±0.5%"
+    assert sample_bands.ms_text(0.107, (0.105, 0.1104)) == "107 (105–110)"
+    assert sample_bands.ms_text(1.5, (1.2345, 2.0)) == "1,500 (1,234–2,000)"
