@@ -351,3 +351,12 @@ def test_a_figure_and_its_band_read_as_the_lab_prints_them():
     assert sample_bands.share_text(0.737, 0.005) == "73.7% ±0.5%"
     assert sample_bands.ms_text(0.107, (0.105, 0.1104)) == "107 (105–110)"
     assert sample_bands.ms_text(1.5, (1.2345, 2.0)) == "1,500 (1,234–2,000)"
+
+
+def test_the_grids_miniature_is_prefix_awares_whatever_the_fleet_is_deployed_with():
+    # 100 instances deployed with RANDOM at 0.1: the PREFIX_AWARE grid on 10 whole instances at the
+    # trace's speed × 2; its RANDOM baseline on all 100, each cache × 0.1, the clock × 10 × 2.
+    fleet, speed, (base, base_speed) = sampling.grid_miniatures(FleetConfig(instances=100, strategy=Strategy.RANDOM),
+                                                                0.1, speed=2.0)
+    assert (fleet.instances, fleet.cache_scale, speed) == (10, 1.0, 2.0)
+    assert (base.instances, base.cache_scale, base_speed) == (100, 0.1, pytest.approx(20.0))
